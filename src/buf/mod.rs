@@ -1,0 +1,298 @@
+//! Per-worker pool of fixed-size I/O blocks.
+//!
+//! Ownership: one [`BufPool`] per worker thread (`Rc`, never `Send`); no locks. A [`Block`] is
+//! taken from its pool, moved into a read or write (monoio's rent-style I/O) and back, and
+//! returns its memory to the pool when dropped, so steady-state proxying allocates nothing.
+//!
+//! A block is a window `[start, end)` over `capacity` bytes:
+//! - as an [`IoBufMut`] (the target of a read) it *appends* after `end`, up to the spare space
+//!   or an optional one-shot read limit;
+//! - as an [`IoBuf`] (the source of a write) it offers the unconsumed window `[start, end)`;
+//!   the caller then calls [`Block::consume`] with what was written.
+//!
+//! This is the one module with `unsafe`: the two monoio buffer trait impls.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+use monoio::buf::{IoBuf, IoBufMut};
+
+/// Idle blocks a pool keeps for reuse; beyond this, returned blocks are freed.
+pub const MAX_FREE_BLOCKS: usize = 4096;
+
+struct PoolShared {
+    block_size: usize,
+    free: RefCell<Vec<Box<[u8]>>>,
+}
+
+/// A worker's pool of equally sized blocks.
+#[derive(Clone)]
+pub struct BufPool {
+    shared: Rc<PoolShared>,
+}
+
+impl fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufPool")
+            .field("block_size", &self.shared.block_size)
+            .field("free", &self.shared.free.borrow().len())
+            .finish()
+    }
+}
+
+impl BufPool {
+    /// A pool of blocks of `block_size` bytes (at least 1 KiB).
+    pub fn new(block_size: usize) -> Self {
+        BufPool {
+            shared: Rc::new(PoolShared {
+                block_size: block_size.max(1024),
+                free: RefCell::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Size in bytes of every block of this pool.
+    pub fn block_size(&self) -> usize {
+        self.shared.block_size
+    }
+
+    /// Blocks currently idle in the pool.
+    pub fn idle(&self) -> usize {
+        self.shared.free.borrow().len()
+    }
+
+    /// Takes an empty block, reusing an idle one when there is one.
+    pub fn take(&self) -> Block {
+        let mem = self.shared.free.borrow_mut().pop();
+        let mem = mem.unwrap_or_else(|| vec![0u8; self.shared.block_size].into_boxed_slice());
+        Block {
+            mem: Some(mem),
+            start: 0,
+            end: 0,
+            read_limit: usize::MAX,
+            pool: self.shared.clone(),
+        }
+    }
+}
+
+/// Returned by [`Block::put`] when the bytes do not fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+/// A pooled byte block with a `[start, end)` window; see the module docs.
+pub struct Block {
+    // invariant: `Some` until `drop`, which hands the memory back to the pool.
+    mem: Option<Box<[u8]>>,
+    start: usize,
+    end: usize,
+    read_limit: usize,
+    pool: Rc<PoolShared>,
+}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Block")
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl Block {
+    fn mem(&self) -> &[u8] {
+        self.mem.as_deref().unwrap_or(&[])
+    }
+
+    fn mem_mut(&mut self) -> &mut [u8] {
+        self.mem.as_deref_mut().unwrap_or(&mut [])
+    }
+
+    /// Total bytes the block can hold.
+    pub fn capacity(&self) -> usize {
+        self.mem().len()
+    }
+
+    /// The unconsumed bytes `[start, end)`.
+    pub fn data(&self) -> &[u8] {
+        &self.mem()[self.start..self.end]
+    }
+
+    /// The unconsumed bytes, writable (for in-place transforms such as dechunking).
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let (start, end) = (self.start, self.end);
+        &mut self.mem_mut()[start..end]
+    }
+
+    /// Number of unconsumed bytes.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether no unconsumed byte is left.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// Bytes that can still be appended after `end`.
+    pub fn spare(&self) -> usize {
+        self.capacity() - self.end
+    }
+
+    /// Marks the first `n` unconsumed bytes as consumed. Empties the block (so the next read
+    /// uses all of it) once everything is consumed.
+    pub fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.end);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Drops every byte.
+    pub fn clear(&mut self) {
+        self.start = 0;
+        self.end = 0;
+    }
+
+    /// Moves the unconsumed bytes to the front, so the spare space is as large as it can be.
+    pub fn compact(&mut self) {
+        if self.start > 0 {
+            let (start, end) = (self.start, self.end);
+            self.mem_mut().copy_within(start..end, 0);
+            self.end -= start;
+            self.start = 0;
+        }
+    }
+
+    /// Limits the next read into this block to at most `n` bytes (used to never read past a
+    /// Content-Length body). The limit is cleared by the read.
+    pub fn limit_next_read(&mut self, n: usize) {
+        self.read_limit = n;
+    }
+
+    /// Appends `bytes`, or fails without writing anything when they do not fit.
+    pub fn put(&mut self, bytes: &[u8]) -> Result<(), Full> {
+        let end = self.end;
+        let dst = self.mem_mut().get_mut(end..end + bytes.len()).ok_or(Full)?;
+        dst.copy_from_slice(bytes);
+        self.end += bytes.len();
+        Ok(())
+    }
+
+    /// Moves the unconsumed bytes of `other` (as many as fit) to the end of this block.
+    pub fn put_from(&mut self, other: &mut Block) -> usize {
+        let n = other.len().min(self.spare());
+        let (end, src_start) = (self.end, other.start);
+        if let (Some(dst), Some(src)) = (self.mem.as_deref_mut(), other.mem.as_deref()) {
+            dst[end..end + n].copy_from_slice(&src[src_start..src_start + n]);
+        }
+        self.end += n;
+        other.consume(n);
+        n
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(mem) = self.mem.take() {
+            if mem.len() == self.pool.block_size {
+                let mut free = self.pool.free.borrow_mut();
+                if free.len() < MAX_FREE_BLOCKS {
+                    free.push(mem);
+                }
+            }
+        }
+    }
+}
+
+// SAFETY: `read_ptr` points into the boxed slice owned by the block, which does not move when
+// the block moves, and `bytes_init` (`end - start`) bytes from it are initialized (the whole
+// allocation is zero-initialized at creation).
+unsafe impl IoBuf for Block {
+    fn read_ptr(&self) -> *const u8 {
+        self.mem()[self.start..].as_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+// SAFETY: `write_ptr` points at `end` inside the owned boxed slice and `bytes_total` never
+// exceeds the space left after it, so the kernel writes only inside the allocation.
+unsafe impl IoBufMut for Block {
+    fn write_ptr(&mut self) -> *mut u8 {
+        let end = self.end;
+        self.mem_mut()[end..].as_mut_ptr()
+    }
+
+    fn bytes_total(&mut self) -> usize {
+        (self.capacity() - self.end).min(self.read_limit)
+    }
+
+    unsafe fn set_init(&mut self, n: usize) {
+        // monoio calls this with the byte count of the completed read, relative to write_ptr.
+        self.end = (self.end + n).min(self.capacity());
+        self.read_limit = usize::MAX;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_reused() {
+        let pool = BufPool::new(4096);
+        let b = pool.take();
+        assert_eq!(b.capacity(), 4096);
+        drop(b);
+        assert_eq!(pool.idle(), 1);
+        let _b = pool.take();
+        assert_eq!(pool.idle(), 0);
+    }
+
+    #[test]
+    fn window_put_consume_compact() {
+        let pool = BufPool::new(1024);
+        let mut b = pool.take();
+        b.put(b"hello world").unwrap();
+        assert_eq!(b.data(), b"hello world");
+        b.consume(6);
+        assert_eq!(b.data(), b"world");
+        b.compact();
+        assert_eq!(b.data(), b"world");
+        assert_eq!(b.spare(), 1024 - 5);
+        b.consume(5);
+        assert!(b.is_empty());
+        assert_eq!(b.spare(), 1024);
+        assert_eq!(b.put(&[0u8; 1025]), Err(Full));
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn read_limit_bounds_bytes_total_once() {
+        let pool = BufPool::new(1024);
+        let mut b = pool.take();
+        b.limit_next_read(10);
+        assert_eq!(IoBufMut::bytes_total(&mut b), 10);
+        // SAFETY: test only; the block is zero-initialized.
+        unsafe { b.set_init(4) };
+        assert_eq!(b.len(), 4);
+        assert_eq!(IoBufMut::bytes_total(&mut b), 1020);
+    }
+
+    #[test]
+    fn put_from_moves_what_fits() {
+        let pool = BufPool::new(1024);
+        let mut a = pool.take();
+        let mut b = pool.take();
+        a.put(&[7u8; 1000]).unwrap();
+        b.put(&[1u8; 100]).unwrap();
+        assert_eq!(a.put_from(&mut b), 24);
+        assert_eq!(a.len(), 1024);
+        assert_eq!(b.len(), 76);
+    }
+}

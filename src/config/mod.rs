@@ -1,0 +1,374 @@
+//! Configuration: the TOML schema (`raw.rs`), validation with file:line:column errors and
+//! compilation into an immutable [`Generation`] (`validate.rs`).
+//!
+//! Ownership: a `Generation` is built on the control thread (or the CLI), then shared read-only
+//! by every worker through an `Arc`. Compiling does no I/O beyond reading the file: names in
+//! upstream endpoints are resolved later by `control::resolve`.
+
+mod raw;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::http1::HeadLimits;
+use crate::route::RouteTable;
+
+pub use validate::{compile, parse_duration};
+
+/// Where the default config lives, relative to the working directory.
+pub const DEFAULT_CONFIG_PATH: &str = "config/ringway.toml";
+
+/// A validated, compiled configuration.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Where it was read from (for messages), e.g. `config/ringway.toml`.
+    pub source: String,
+    /// Worker threads to run.
+    pub workers: Workers,
+    /// How workers are pinned to CPUs.
+    pub cpus: CpuPinning,
+    /// How long in-flight requests may run after SIGTERM before connections are dropped.
+    pub shutdown_timeout: Duration,
+    /// tracing filter directive (`info`, `ringway=debug`, ...).
+    pub log_level: String,
+    /// Gateway-wide policy.
+    pub gateway: GatewayConfig,
+    /// Client-side HTTP limits and timeouts.
+    pub http: HttpConfig,
+    /// Listening sockets.
+    pub listeners: Vec<ListenerConfig>,
+    /// Upstreams, referenced by index from routes.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Compiled routes.
+    pub routes: RouteTable,
+}
+
+/// `workers = N | "auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// One per available CPU.
+    Auto,
+    /// Exactly this many.
+    Count(usize),
+}
+
+impl Workers {
+    /// The number of worker threads to start on this machine.
+    pub fn resolve(self) -> usize {
+        match self {
+            Workers::Count(n) => n,
+            Workers::Auto => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        }
+    }
+}
+
+/// `cpus`: absent pins worker `i` to the `i`-th CPU (modulo their number); a list pins worker
+/// `i` to `cpus[i % len]`; an empty list turns pinning off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuPinning {
+    /// Worker `i` on the `i`-th available CPU.
+    PerWorker,
+    /// Worker `i` on `list[i % len]`.
+    List(Vec<usize>),
+    /// No pinning.
+    Off,
+}
+
+/// `[gateway]`
+#[derive(Debug, Clone, Default)]
+pub struct GatewayConfig {
+    /// Peers whose X-Forwarded-For chain is kept (empty: trust nobody).
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// `[http]`: limits and timeouts on the client side.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Head size, header count and request line limits.
+    pub limits: HeadLimits,
+    /// Largest request body accepted (413 beyond), `None` for no limit.
+    pub max_request_body_bytes: Option<u64>,
+    /// Concurrent client connections per worker; beyond it the worker stops accepting.
+    pub max_connections: usize,
+    /// Time to receive a whole request head, from its first byte (from accept for the first).
+    pub header_timeout: Duration,
+    /// Time a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// Longest pause between two reads of a request body.
+    pub body_timeout: Duration,
+    /// Longest a write to the client or upstream may stall.
+    pub send_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            limits: HeadLimits::default(),
+            max_request_body_bytes: None,
+            max_connections: 8192,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[[listeners]]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// Address to bind.
+    pub address: SocketAddr,
+    /// listen(2) backlog.
+    pub backlog: u32,
+}
+
+/// `[[upstreams]]`
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Name routes refer to.
+    pub name: String,
+    /// Endpoints in config order (at least one).
+    pub endpoints: Vec<EndpointSpec>,
+    /// Time to establish a TCP connection.
+    pub connect_timeout: Duration,
+    /// Time from the end of the request to the response head.
+    pub response_timeout: Duration,
+    /// Longest pause between two reads of a response body.
+    pub read_timeout: Duration,
+    /// Idle keep-alive connections kept per endpoint per worker.
+    pub pool_max_idle: usize,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Duration,
+}
+
+/// An endpoint as configured: `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSpec {
+    /// `host:port` as written; the Host header sent upstream.
+    pub authority: String,
+    /// Host part (a name or an IP literal, without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// The address when `host` is an IP literal (no resolution needed).
+    pub literal: Option<SocketAddr>,
+}
+
+/// A config error with its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<command line>`).
+    pub source: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column, in characters.
+    pub column: usize,
+    /// What is wrong, in plain words.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.source, self.line, self.column, self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads and compiles the config file at `path`.
+pub fn load(path: &Path) -> Result<Generation, ConfigError> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        source: source.clone(),
+        line: 1,
+        column: 1,
+        message: format!("cannot read the config file: {e}"),
+    })?;
+    compile(&text, &source)
+}
+
+/// The configuration of `ringway proxy --listen ADDR --upstream ADDR[,ADDR...]`: every path to
+/// the upstreams, everything else default. Built as TOML so it takes the same validation path.
+pub fn quick_proxy(
+    listen: &str,
+    upstreams: &[String],
+    workers: Option<usize>,
+) -> Result<Generation, ConfigError> {
+    let mut root = toml::Table::new();
+    if let Some(n) = workers {
+        root.insert("workers".into(), toml::Value::Integer(n as i64));
+    }
+    let mut listener = toml::Table::new();
+    listener.insert("address".into(), listen.into());
+    root.insert(
+        "listeners".into(),
+        toml::Value::Array(vec![listener.into()]),
+    );
+    let mut upstream = toml::Table::new();
+    upstream.insert("name".into(), "default".into());
+    upstream.insert(
+        "endpoints".into(),
+        toml::Value::Array(upstreams.iter().map(|u| u.as_str().into()).collect()),
+    );
+    root.insert(
+        "upstreams".into(),
+        toml::Value::Array(vec![upstream.into()]),
+    );
+    let mut route = toml::Table::new();
+    route.insert("path_prefix".into(), "/".into());
+    route.insert("proxy".into(), "default".into());
+    root.insert("routes".into(), toml::Value::Array(vec![route.into()]));
+    let text = toml::to_string(&root).map_err(|e| ConfigError {
+        source: "<command line>".into(),
+        line: 1,
+        column: 1,
+        message: e.to_string(),
+    })?;
+    compile(&text, "<command line>")
+}
+
+/// Default config path, as a `PathBuf`.
+pub fn default_path() -> PathBuf {
+    PathBuf::from(DEFAULT_CONFIG_PATH)
+}
+
+/// What `ringway check` prints: the compiled listeners, upstreams (with resolved addresses when
+/// given) and routes in match order.
+pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTable>) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let workers = match gen.workers {
+        Workers::Auto => format!("auto ({})", gen.workers.resolve()),
+        Workers::Count(n) => n.to_string(),
+    };
+    let _ = writeln!(out, "{}: ok", gen.source);
+    let _ = writeln!(out, "workers: {workers}");
+    let pinning = match &gen.cpus {
+        CpuPinning::PerWorker => "one CPU per worker".to_string(),
+        CpuPinning::List(l) => format!("{l:?}"),
+        CpuPinning::Off => "off".to_string(),
+    };
+    let _ = writeln!(out, "cpu pinning: {pinning}");
+    let h = &gen.http;
+    let _ = writeln!(
+        out,
+        "http: head <= {} bytes, <= {} headers, request line <= {} bytes, body <= {}, \
+         {} connections/worker; timeouts: header {:?}, idle {:?}, body {:?}, send {:?}",
+        h.limits.max_head_bytes,
+        h.limits.max_headers,
+        h.limits.max_request_line_bytes,
+        h.max_request_body_bytes
+            .map_or("unlimited".to_string(), |n| format!("{n} bytes")),
+        h.max_connections,
+        h.header_timeout,
+        h.idle_timeout,
+        h.body_timeout,
+        h.send_timeout
+    );
+    let _ = writeln!(
+        out,
+        "trusted proxies: {}",
+        if gen.gateway.trusted_proxies.is_empty() {
+            "none".to_string()
+        } else {
+            gen.gateway
+                .trusted_proxies
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    let _ = writeln!(out, "listeners:");
+    for l in &gen.listeners {
+        let _ = writeln!(out, "  {} (backlog {})", l.address, l.backlog);
+    }
+    let _ = writeln!(out, "upstreams:");
+    if gen.upstreams.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for (i, u) in gen.upstreams.iter().enumerate() {
+        let eps: Vec<String> = match endpoints.and_then(|t| t.get(i)) {
+            Some(resolved) => u
+                .endpoints
+                .iter()
+                .map(|spec| {
+                    let addrs: Vec<String> = resolved
+                        .iter()
+                        .filter(|r| *r.authority == *spec.authority)
+                        .map(|r| r.addr.to_string())
+                        .collect();
+                    if spec.literal.is_some() {
+                        spec.authority.clone()
+                    } else {
+                        format!("{} -> {}", spec.authority, addrs.join(" "))
+                    }
+                })
+                .collect(),
+            None => u.endpoints.iter().map(|e| e.authority.clone()).collect(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}: {} [connect {:?}, response {:?}, read {:?}; pool {} idle/endpoint/worker for {:?}]",
+            u.name,
+            eps.join(", "),
+            u.connect_timeout,
+            u.response_timeout,
+            u.read_timeout,
+            u.pool_max_idle,
+            u.pool_idle_timeout
+        );
+    }
+    let _ = writeln!(out, "routes (in match order):");
+    if gen.routes.routes().is_empty() {
+        let _ = writeln!(out, "  (none: every request gets 404)");
+    }
+    for (i, r) in gen.routes.routes().iter().enumerate() {
+        let action = match &r.action {
+            crate::route::Action::Proxy {
+                upstream,
+                strip_prefix,
+                preserve_host,
+            } => {
+                let mut s = format!(
+                    "proxy {}",
+                    gen.upstreams
+                        .get(*upstream)
+                        .map_or("?", |u| u.name.as_str())
+                );
+                if let Some(p) = strip_prefix {
+                    let _ = write!(s, ", strip {p}");
+                }
+                if *preserve_host {
+                    s.push_str(", preserve host");
+                }
+                s
+            }
+            crate::route::Action::Respond(l) => {
+                format!("respond {} ({} bytes)", l.status, l.body.len())
+            }
+        };
+        let _ = writeln!(
+            out,
+            "  {}. {} host={} prefix={} -> {}",
+            i + 1,
+            r.name,
+            r.host.as_deref().unwrap_or("*"),
+            r.path_prefix,
+            action
+        );
+    }
+    out
+}

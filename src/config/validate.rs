@@ -1,0 +1,627 @@
+//! Raw TOML → checked [`Generation`]. Parse, don't validate: what comes out cannot be invalid
+//! (non-empty endpoint lists, durations above zero, routes that name existing upstreams).
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::raw::{RawConfig, RawRespond, RawRoute, RawUpstream, RawWorkers};
+use super::{
+    ConfigError, CpuPinning, EndpointSpec, GatewayConfig, Generation, HttpConfig, ListenerConfig,
+    UpstreamConfig, Workers,
+};
+use crate::http1::head::valid_host;
+use crate::http1::{is_tchar, HeadLimits, HeaderKind, MAX_HEADERS_HARD_LIMIT};
+use crate::route::{Action, LocalResponse, Route, RouteTable};
+
+/// Most workers a config may ask for.
+pub(super) const MAX_WORKERS: usize = 1024;
+
+struct Ctx<'a> {
+    text: &'a str,
+    source: &'a str,
+}
+
+impl Ctx<'_> {
+    fn error(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        let offset = span.start.min(self.text.len());
+        let before = &self.text[..floor_char_boundary(self.text, offset)];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        ConfigError {
+            source: self.source.to_string(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn duration(
+        &self,
+        value: &Option<Spanned<String>>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(v) => parse_duration(v.get_ref()).map_err(|why| self.error(v.span(), why)),
+        }
+    }
+
+    fn int(
+        &self,
+        value: &Option<Spanned<i64>>,
+        default: u64,
+        range: Range<u64>,
+        what: &str,
+    ) -> Result<u64, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(v) => {
+                let n = *v.get_ref();
+                if n < 0 || !(range.start..=range.end).contains(&(n as u64)) {
+                    return Err(self.error(
+                        v.span(),
+                        format!(
+                            "{what} must be between {} and {}, not {n}",
+                            range.start, range.end
+                        ),
+                    ));
+                }
+                Ok(n as u64)
+            }
+        }
+    }
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Parses `"250ms"`, `"10s"`, `"2m"`, `"1h"` (a positive whole number and a unit).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let n: u64 = number.parse().map_err(|_| {
+        format!("invalid duration `{text}`: expected a number and a unit, like \"10s\"")
+    })?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => {
+            return Err(format!(
+                "invalid duration `{text}`: the unit must be ms, s, m or h"
+            ))
+        }
+    };
+    if d.is_zero() {
+        return Err(format!("invalid duration `{text}`: must be above zero"));
+    }
+    Ok(d)
+}
+
+/// Compiles config `text` read from `source` (used in messages).
+pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
+    let ctx = Ctx { text, source };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        ctx.error(span, e.message().trim().to_string())
+    })?;
+
+    let workers = match &raw.workers {
+        None => Workers::Auto,
+        Some(w) => match w.get_ref() {
+            RawWorkers::Named(s) if s == "auto" => Workers::Auto,
+            RawWorkers::Count(n) if (1..=MAX_WORKERS as i64).contains(n) => {
+                Workers::Count(*n as usize)
+            }
+            _ => {
+                return Err(ctx.error(
+                    w.span(),
+                    format!("workers must be \"auto\" or a number from 1 to {MAX_WORKERS}"),
+                ))
+            }
+        },
+    };
+    let cpus = match &raw.cpus {
+        None => CpuPinning::PerWorker,
+        Some(c) if c.get_ref().is_empty() => CpuPinning::Off,
+        Some(c) => CpuPinning::List(c.get_ref().clone()),
+    };
+    let shutdown_timeout = ctx.duration(&raw.shutdown_timeout, Duration::from_secs(30))?;
+    let log_level = match &raw.log_level {
+        None => "info".to_string(),
+        Some(l) => {
+            tracing_subscriber::EnvFilter::try_new(l.get_ref()).map_err(|e| {
+                ctx.error(
+                    l.span(),
+                    format!("invalid log_level `{}`: {e}", l.get_ref()),
+                )
+            })?;
+            l.get_ref().clone()
+        }
+    };
+
+    let mut trusted_proxies = Vec::new();
+    for p in &raw.gateway.trusted_proxies {
+        let text = p.get_ref().trim();
+        let net = text
+            .parse::<IpNet>()
+            .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+            .map_err(|_| {
+                ctx.error(
+                    p.span(),
+                    format!("`{text}` is not an IP address or CIDR block (like 10.0.0.0/8)"),
+                )
+            })?;
+        trusted_proxies.push(net);
+    }
+
+    let http = compile_http(&ctx, &raw)?;
+
+    if raw.listeners.is_empty() {
+        return Err(ctx.error(
+            0..0,
+            "no listener: add a [[listeners]] table with an address, like \"127.0.0.1:8080\"",
+        ));
+    }
+    let mut listeners = Vec::new();
+    let mut seen_addrs = HashSet::new();
+    for l in &raw.listeners {
+        let l_ref = l.get_ref();
+        let address: SocketAddr = l_ref.address.get_ref().trim().parse().map_err(|_| {
+            ctx.error(
+                l_ref.address.span(),
+                format!(
+                    "`{}` is not an IP:port address (like \"127.0.0.1:8080\" or \"[::]:80\")",
+                    l_ref.address.get_ref()
+                ),
+            )
+        })?;
+        if !seen_addrs.insert(address) {
+            return Err(ctx.error(
+                l_ref.address.span(),
+                format!("listener address {address} is configured twice"),
+            ));
+        }
+        let backlog = ctx.int(&l_ref.backlog, 1024, 1..65535, "backlog")? as u32;
+        listeners.push(ListenerConfig { address, backlog });
+    }
+
+    let mut upstreams = Vec::new();
+    for u in &raw.upstreams {
+        let compiled = compile_upstream(&ctx, u.get_ref())?;
+        if upstreams
+            .iter()
+            .any(|x: &UpstreamConfig| x.name == compiled.name)
+        {
+            return Err(ctx.error(
+                u.get_ref().name.span(),
+                format!("upstream `{}` is defined twice", compiled.name),
+            ));
+        }
+        upstreams.push(compiled);
+    }
+
+    let mut routes = Vec::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        routes.push(compile_route(&ctx, i, r.get_ref(), &upstreams)?);
+    }
+
+    Ok(Generation {
+        source: source.to_string(),
+        workers,
+        cpus,
+        shutdown_timeout,
+        log_level,
+        gateway: GatewayConfig { trusted_proxies },
+        http,
+        listeners,
+        upstreams,
+        routes: RouteTable::new(routes),
+    })
+}
+
+fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigError> {
+    let h = &raw.http;
+    let d = HttpConfig::default();
+    let max_head_bytes = ctx.int(
+        &h.max_head_bytes,
+        d.limits.max_head_bytes as u64,
+        1024..1024 * 1024,
+        "http.max_head_bytes",
+    )? as usize;
+    let max_headers = ctx.int(
+        &h.max_headers,
+        d.limits.max_headers as u64,
+        1..MAX_HEADERS_HARD_LIMIT as u64,
+        "http.max_headers",
+    )? as usize;
+    let max_request_line_bytes = ctx.int(
+        &h.max_request_line_bytes,
+        (d.limits.max_request_line_bytes.min(max_head_bytes)) as u64,
+        64..max_head_bytes as u64,
+        "http.max_request_line_bytes",
+    )? as usize;
+    let max_request_body_bytes = match ctx.int(
+        &h.max_request_body_bytes,
+        0,
+        0..i64::MAX as u64,
+        "http.max_request_body_bytes",
+    )? {
+        0 => None,
+        n => Some(n),
+    };
+    let max_connections = ctx.int(
+        &h.max_connections,
+        d.max_connections as u64,
+        1..1_000_000,
+        "http.max_connections",
+    )? as usize;
+    Ok(HttpConfig {
+        limits: HeadLimits {
+            max_head_bytes,
+            max_headers,
+            max_request_line_bytes,
+        },
+        max_request_body_bytes,
+        max_connections,
+        header_timeout: ctx.duration(&h.header_timeout, d.header_timeout)?,
+        idle_timeout: ctx.duration(&h.idle_timeout, d.idle_timeout)?,
+        body_timeout: ctx.duration(&h.body_timeout, d.body_timeout)?,
+        send_timeout: ctx.duration(&h.send_timeout, d.send_timeout)?,
+    })
+}
+
+fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    let name = u.name.get_ref().trim().to_string();
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(ctx.error(
+            u.name.span(),
+            "upstream names use letters, digits, '-', '_' and '.'",
+        ));
+    }
+    if u.endpoints.get_ref().is_empty() {
+        return Err(ctx.error(
+            u.endpoints.span(),
+            format!("upstream `{name}` has no endpoints"),
+        ));
+    }
+    let mut endpoints = Vec::new();
+    for e in u.endpoints.get_ref() {
+        let spec = parse_endpoint(e.get_ref().trim()).map_err(|why| ctx.error(e.span(), why))?;
+        endpoints.push(spec);
+    }
+    Ok(UpstreamConfig {
+        name,
+        endpoints,
+        connect_timeout: ctx.duration(&u.connect_timeout, Duration::from_secs(5))?,
+        response_timeout: ctx.duration(&u.response_timeout, Duration::from_secs(15))?,
+        read_timeout: ctx.duration(&u.read_timeout, Duration::from_secs(60))?,
+        pool_max_idle: ctx.int(&u.pool_max_idle, 64, 0..100_000, "pool_max_idle")? as usize,
+        pool_idle_timeout: ctx.duration(&u.pool_idle_timeout, Duration::from_secs(30))?,
+    })
+}
+
+/// `host:port`, where host is an IPv4 address, a bracketed IPv6 address or a DNS name.
+fn parse_endpoint(text: &str) -> Result<EndpointSpec, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(EndpointSpec {
+            authority: text.to_string(),
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            literal: Some(addr),
+        });
+    }
+    let bad = || {
+        format!(
+            "endpoint `{text}` is not host:port (like \"10.0.0.5:8080\" or \"api.internal:80\")"
+        )
+    };
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if port == 0 || !name_ok {
+        return Err(bad());
+    }
+    Ok(EndpointSpec {
+        authority: text.to_string(),
+        host: host.to_string(),
+        port,
+        literal: None,
+    })
+}
+
+fn compile_route(
+    ctx: &Ctx<'_>,
+    index: usize,
+    r: &RawRoute,
+    upstreams: &[UpstreamConfig],
+) -> Result<Route, ConfigError> {
+    let name = match &r.name {
+        Some(n) => n.get_ref().clone(),
+        None => format!("route-{}", index + 1),
+    };
+    let prefix = r.path_prefix.get_ref();
+    if !prefix.starts_with('/') || prefix.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+        return Err(ctx.error(
+            r.path_prefix.span(),
+            format!("path_prefix `{prefix}` must start with '/' and contain no spaces or control characters"),
+        ));
+    }
+    let host = match &r.host {
+        None => None,
+        Some(h) => {
+            let text = h.get_ref().trim().to_ascii_lowercase();
+            if text.is_empty() || !valid_host(text.as_bytes()) {
+                return Err(ctx.error(h.span(), format!("`{text}` is not a valid host name")));
+            }
+            let (host, _) = crate::http1::head::split_host_port(text.as_bytes());
+            Some(String::from_utf8_lossy(host).into_owned())
+        }
+    };
+    let action = match (&r.proxy, &r.respond) {
+        (Some(p), None) => {
+            let upstream = upstreams
+                .iter()
+                .position(|u| u.name == *p.get_ref())
+                .ok_or_else(|| {
+                    let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                    ctx.error(
+                        p.span(),
+                        format!(
+                            "route `{name}` proxies to upstream `{}`, which is not defined (defined: {})",
+                            p.get_ref(),
+                            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                        ),
+                    )
+                })?;
+            let strip_prefix = match &r.strip_prefix {
+                None => None,
+                Some(s) if s.get_ref().starts_with('/') => Some(s.get_ref().clone()),
+                Some(s) => {
+                    return Err(ctx.error(s.span(), "strip_prefix must start with '/'"));
+                }
+            };
+            Action::Proxy {
+                upstream,
+                strip_prefix,
+                preserve_host: r.preserve_host.as_ref().is_some_and(|p| *p.get_ref()),
+            }
+        }
+        (None, Some(resp)) => {
+            if let Some(s) = &r.strip_prefix {
+                return Err(ctx.error(s.span(), "strip_prefix applies to proxy routes only"));
+            }
+            if let Some(p) = &r.preserve_host {
+                return Err(ctx.error(p.span(), "preserve_host applies to proxy routes only"));
+            }
+            Action::Respond(compile_respond(ctx, resp)?)
+        }
+        (Some(p), Some(_)) => {
+            return Err(ctx.error(
+                p.span(),
+                format!("route `{name}` has both `proxy` and `respond`: choose one"),
+            ))
+        }
+        (None, None) => {
+            return Err(ctx.error(
+                r.path_prefix.span(),
+                format!("route `{name}` has no action: add `proxy = \"<upstream>\"` or `respond = {{ ... }}`"),
+            ))
+        }
+    };
+    Ok(Route {
+        name,
+        host,
+        path_prefix: prefix.clone(),
+        action,
+    })
+}
+
+fn compile_respond(
+    ctx: &Ctx<'_>,
+    resp: &Spanned<RawRespond>,
+) -> Result<LocalResponse, ConfigError> {
+    let r = resp.get_ref();
+    let status = *r.status.get_ref();
+    if !(200..=599).contains(&status) {
+        return Err(ctx.error(r.status.span(), "respond.status must be from 200 to 599"));
+    }
+    let mut headers = Vec::new();
+    for (name, value) in &r.headers {
+        let valid_name = !name.is_empty() && name.bytes().all(is_tchar);
+        if !valid_name {
+            return Err(ctx.error(resp.span(), format!("`{name}` is not a valid header name")));
+        }
+        let kind = HeaderKind::classify(name.as_bytes());
+        if kind == HeaderKind::ContentLength
+            || kind.is_hop_by_hop()
+            || kind == HeaderKind::XRequestId
+        {
+            return Err(ctx.error(
+                value.span(),
+                format!("header `{name}` is set by ringway and cannot be configured"),
+            ));
+        }
+        if value
+            .get_ref()
+            .bytes()
+            .any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        {
+            return Err(ctx.error(
+                value.span(),
+                format!("header `{name}` has a control character"),
+            ));
+        }
+        headers.push((name.clone(), value.get_ref().clone()));
+    }
+    Ok(LocalResponse {
+        status: status as u16,
+        headers,
+        body: r.body.clone().into_bytes(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ConfigError {
+        compile(text, "t.toml").expect_err("must fail")
+    }
+
+    const MIN: &str = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n";
+
+    #[test]
+    fn minimal_config_compiles_with_defaults() {
+        let g = compile(MIN, "t.toml").unwrap();
+        assert_eq!(g.workers, Workers::Auto);
+        assert_eq!(g.http.header_timeout, Duration::from_secs(10));
+        assert_eq!(g.http.limits.max_head_bytes, 16384);
+        assert_eq!(g.listeners[0].address, "127.0.0.1:8080".parse().unwrap());
+        assert!(g.routes.routes().is_empty());
+    }
+
+    #[test]
+    fn unknown_key_points_at_it() {
+        let e = err("[[listeners]]\naddress = \"127.0.0.1:8080\"\nbogus = 1\n");
+        assert_eq!((e.line, e.column), (3, 1), "{e}");
+        assert!(e.message.contains("bogus"), "{e}");
+        assert!(e.to_string().starts_with("t.toml:3:1: "), "{e}");
+    }
+
+    #[test]
+    fn bad_address_and_missing_upstream() {
+        let e = err("[[listeners]]\naddress = \"localhost:x\"\n");
+        assert_eq!((e.line, e.column), (2, 11), "{e}");
+        let e = err(&format!(
+            "{MIN}[[routes]]\npath_prefix = \"/\"\nproxy = \"nope\"\n"
+        ));
+        assert_eq!(e.line, 5, "{e}");
+        assert!(e.message.contains("nope"), "{e}");
+        let e = err(&format!(
+            "{MIN}[[upstreams]]\nname = \"a\"\nendpoints = [\"10.0.0.1\"]\n"
+        ));
+        assert_eq!((e.line, e.column), (5, 14), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("s").is_err());
+        let e = err(&format!("{MIN}[http]\nheader_timeout = \"10 s\"\n"));
+        assert_eq!(e.line, 4, "{e}");
+    }
+
+    #[test]
+    fn endpoints() {
+        let e = parse_endpoint("[::1]:80").unwrap();
+        assert_eq!(e.literal, Some("[::1]:80".parse().unwrap()));
+        let e = parse_endpoint("api.internal:8080").unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.literal),
+            ("api.internal", 8080, None)
+        );
+        for bad in ["api", "api:0", "api:99999", "a b:80", ":80", "a..b:80"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn routes_compile() {
+        let g = compile(
+            &format!(
+                "{MIN}[[upstreams]]\nname = \"api\"\nendpoints = [\"127.0.0.1:9000\"]\n\
+                 [[routes]]\nhost = \"Example.COM:8080\"\npath_prefix = \"/api/\"\nproxy = \"api\"\nstrip_prefix = \"/api\"\n\
+                 [[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, body = \"hi\", headers = {{ \"content-type\" = \"text/plain\" }} }}\n"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let r = g.routes.lookup(b"example.com", b"/api/x").unwrap();
+        assert_eq!(r.host.as_deref(), Some("example.com"));
+        assert!(matches!(r.action, Action::Proxy { upstream: 0, .. }));
+        let r = g.routes.lookup(b"other", b"/x").unwrap();
+        assert!(matches!(&r.action, Action::Respond(l) if l.body == b"hi"));
+    }
+
+    #[test]
+    fn route_errors() {
+        let e = err(&format!(
+            "{MIN}[[routes]]\npath_prefix = \"api\"\nrespond = {{ status = 200 }}\n"
+        ));
+        assert_eq!(e.line, 4, "{e}");
+        let e = err(&format!("{MIN}[[routes]]\npath_prefix = \"/\"\n"));
+        assert!(e.message.contains("no action"), "{e}");
+        let e = err(&format!(
+            "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, headers = {{ \"content-length\" = \"1\" }} }}\n"
+        ));
+        assert!(e.message.contains("content-length"), "{e}");
+        let e = err(&format!(
+            "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 100 }}\n"
+        ));
+        assert!(e.message.contains("status"), "{e}");
+    }
+
+    #[test]
+    fn workers_and_trusted_proxies() {
+        let g = compile(
+            &format!("workers = 3\n[gateway]\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n{MIN}"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(g.workers, Workers::Count(3));
+        assert_eq!(g.gateway.trusted_proxies.len(), 2);
+        assert!(err(&format!("workers = 0\n{MIN}"))
+            .message
+            .contains("workers"));
+        assert!(err(&format!("workers = \"many\"\n{MIN}"))
+            .message
+            .contains("workers"));
+        let e = err(&format!(
+            "[gateway]\ntrusted_proxies = [\"10.0.0.0/99\"]\n{MIN}"
+        ));
+        assert_eq!((e.line, e.column), (2, 20), "{e}");
+    }
+
+    #[test]
+    fn limits_are_range_checked() {
+        let e = err(&format!("{MIN}[http]\nmax_headers = 1000\n"));
+        assert!(e.message.contains("max_headers"), "{e}");
+        let e = err(&format!("{MIN}[http]\nmax_head_bytes = 10\n"));
+        assert!(e.message.contains("max_head_bytes"), "{e}");
+    }
+
+    #[test]
+    fn no_listener_is_an_error() {
+        let e = err("workers = 1\n");
+        assert_eq!((e.line, e.column), (1, 1));
+        assert!(e.message.contains("listener"));
+    }
+}

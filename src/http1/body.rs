@@ -1,0 +1,449 @@
+//! Body framing: Content-Length values and a strict, streaming chunked decoder
+//! (RFC 9112 §6.2, §7.1).
+//!
+//! The decoder never buffers: it is fed whatever bytes arrived and reports, step by step, how
+//! many of them are framing and how many are data, so the proxy can relay chunked bodies
+//! verbatim (validated) or strip the framing for HTTP/1.0 clients.
+
+use super::is_tchar;
+
+/// Longest chunk-size line we accept, extensions included.
+pub const MAX_CHUNK_LINE_BYTES: usize = 4096;
+/// Most hex digits in a chunk size (16 digits fill a u64; leading zeros count too).
+pub const MAX_CHUNK_SIZE_DIGITS: usize = 16;
+/// Most bytes of trailer section, final empty line included.
+pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// Parses a Content-Length value: `1*DIGIT`, or a list of identical such values
+/// (RFC 9110 §8.6). `None` when invalid, differing or overflowing.
+pub fn parse_content_length(value: &[u8]) -> Option<u64> {
+    let mut result: Option<u64> = None;
+    for element in value.split(|&b| b == b',') {
+        let element = super::trim_ows(element);
+        if element.is_empty() || element.len() > 19 || !element.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n = element.iter().try_fold(0u64, |acc, &d| {
+            acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })?;
+        if result.is_some_and(|r| r != n) {
+            return None;
+        }
+        result = Some(n);
+    }
+    result
+}
+
+/// Why a chunked body is invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkedError {
+    /// A chunk size that is not 1–16 hex digits.
+    InvalidSize,
+    /// A chunk-size line (with extensions) longer than [`MAX_CHUNK_LINE_BYTES`].
+    LineTooLong,
+    /// A byte not allowed where it stands (bare CR or LF, control character, ...).
+    InvalidByte,
+    /// Chunk data not followed by CRLF.
+    MissingDataCrlf,
+    /// Trailer section longer than [`MAX_TRAILER_BYTES`] or malformed.
+    InvalidTrailer,
+}
+
+/// One step of decoding: the first `n` bytes of the input given are...
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// ...framing (sizes, extensions, CRLFs, trailers), or all of the input if it ended
+    /// inside framing.
+    Framing(usize),
+    /// ...chunk data.
+    Data(usize),
+    /// ...the end of the body: the last framing bytes, through the final CRLF.
+    Done(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// At the first hex digit of a chunk size.
+    SizeStart,
+    /// Inside the hex digits.
+    Size,
+    /// After the digits, in whitespace that must lead to `;`.
+    SizeWs,
+    /// Inside chunk extensions.
+    Ext,
+    /// Seen the CR that ends the size line.
+    SizeLf,
+    /// Inside chunk data.
+    Data,
+    /// Expecting the CR after chunk data.
+    DataCr,
+    /// Expecting the LF after chunk data.
+    DataLf,
+    /// At the start of a trailer field line, or of the final CRLF.
+    TrailerStart,
+    /// Inside a trailer field name.
+    TrailerName,
+    /// Inside a trailer field value.
+    TrailerValue,
+    /// Seen the CR that ends a trailer field line.
+    TrailerLf,
+    /// Seen the CR of the final empty line.
+    EndLf,
+    /// The body is complete.
+    Done,
+}
+
+/// Streaming chunked decoder; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: State,
+    size: u64,
+    digits: usize,
+    line: usize,
+    trailer: usize,
+    data_total: u64,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedDecoder {
+    /// A decoder at the start of a body.
+    pub fn new() -> Self {
+        ChunkedDecoder {
+            state: State::SizeStart,
+            size: 0,
+            digits: 0,
+            line: 0,
+            trailer: 0,
+            data_total: 0,
+        }
+    }
+
+    /// Whether the final CRLF was seen.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Data bytes decoded so far (framing excluded).
+    pub fn data_total(&self) -> u64 {
+        self.data_total
+    }
+
+    /// Decodes from the front of `input` (non-empty unless done) and says what the first bytes
+    /// are. Call again with the rest of the input.
+    pub fn step(&mut self, input: &[u8]) -> Result<Step, ChunkedError> {
+        if self.state == State::Data {
+            let n = (self.size.min(input.len() as u64)) as usize;
+            self.size -= n as u64;
+            self.data_total += n as u64;
+            if self.size == 0 {
+                self.state = State::DataCr;
+            }
+            return Ok(Step::Data(n));
+        }
+        let mut i = 0;
+        while i < input.len() {
+            let b = input[i];
+            i += 1;
+            match self.state {
+                State::SizeStart | State::Size => {
+                    self.line += 1;
+                    if let Some(d) = hex_value(b) {
+                        self.digits += 1;
+                        if self.digits > MAX_CHUNK_SIZE_DIGITS {
+                            return Err(ChunkedError::InvalidSize);
+                        }
+                        self.size = (self.size << 4) | u64::from(d);
+                        self.state = State::Size;
+                        continue;
+                    }
+                    if self.state == State::SizeStart {
+                        return Err(ChunkedError::InvalidSize);
+                    }
+                    self.state = match b {
+                        b'\r' => State::SizeLf,
+                        b';' => State::Ext,
+                        b' ' | b'\t' => State::SizeWs,
+                        _ => return Err(ChunkedError::InvalidSize),
+                    };
+                }
+                State::SizeWs => {
+                    self.bump_line()?;
+                    self.state = match b {
+                        b' ' | b'\t' => State::SizeWs,
+                        b';' => State::Ext,
+                        _ => return Err(ChunkedError::InvalidByte),
+                    };
+                }
+                State::Ext => {
+                    self.bump_line()?;
+                    match b {
+                        b'\r' => self.state = State::SizeLf,
+                        b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                        _ => return Err(ChunkedError::InvalidByte),
+                    }
+                }
+                State::SizeLf => {
+                    if b != b'\n' {
+                        return Err(ChunkedError::InvalidByte);
+                    }
+                    self.line = 0;
+                    self.digits = 0;
+                    if self.size == 0 {
+                        self.state = State::TrailerStart;
+                    } else {
+                        self.state = State::Data;
+                        return Ok(Step::Framing(i));
+                    }
+                }
+                State::DataCr => {
+                    if b != b'\r' {
+                        return Err(ChunkedError::MissingDataCrlf);
+                    }
+                    self.state = State::DataLf;
+                }
+                State::DataLf => {
+                    if b != b'\n' {
+                        return Err(ChunkedError::MissingDataCrlf);
+                    }
+                    self.state = State::SizeStart;
+                }
+                State::TrailerStart => {
+                    self.bump_trailer()?;
+                    self.state = match b {
+                        b'\r' => State::EndLf,
+                        _ if is_tchar(b) => State::TrailerName,
+                        // Leading whitespace would be obs-fold; bare LF is not a line end here.
+                        _ => return Err(ChunkedError::InvalidTrailer),
+                    };
+                }
+                State::TrailerName => {
+                    self.bump_trailer()?;
+                    match b {
+                        b':' => self.state = State::TrailerValue,
+                        _ if is_tchar(b) => {}
+                        _ => return Err(ChunkedError::InvalidTrailer),
+                    }
+                }
+                State::TrailerValue => {
+                    self.bump_trailer()?;
+                    match b {
+                        b'\r' => self.state = State::TrailerLf,
+                        b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                        _ => return Err(ChunkedError::InvalidTrailer),
+                    }
+                }
+                State::TrailerLf => {
+                    self.bump_trailer()?;
+                    if b != b'\n' {
+                        return Err(ChunkedError::InvalidTrailer);
+                    }
+                    self.state = State::TrailerStart;
+                }
+                State::EndLf => {
+                    if b != b'\n' {
+                        return Err(ChunkedError::InvalidTrailer);
+                    }
+                    self.state = State::Done;
+                    return Ok(Step::Done(i));
+                }
+                State::Data | State::Done => {
+                    // Data is handled above; Done consumes nothing.
+                    return Ok(Step::Done(i - 1));
+                }
+            }
+        }
+        Ok(Step::Framing(i))
+    }
+
+    fn bump_line(&mut self) -> Result<(), ChunkedError> {
+        self.line += 1;
+        if self.line > MAX_CHUNK_LINE_BYTES {
+            return Err(ChunkedError::LineTooLong);
+        }
+        Ok(())
+    }
+
+    fn bump_trailer(&mut self) -> Result<(), ChunkedError> {
+        self.trailer += 1;
+        if self.trailer > MAX_TRAILER_BYTES {
+            return Err(ChunkedError::InvalidTrailer);
+        }
+        Ok(())
+    }
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Runs a decoder over `input` fed in pieces of `piece` bytes. `Ok(Some((data, used)))`: the
+/// decoded data and how many input bytes the body took; `Ok(None)`: the input ended first.
+/// Test and fuzz helper.
+#[doc(hidden)]
+pub fn decode_all(input: &[u8], piece: usize) -> Result<Option<(Vec<u8>, usize)>, ChunkedError> {
+    let mut dec = ChunkedDecoder::new();
+    let mut data = Vec::new();
+    let mut used = 0;
+    for part in input.chunks(piece.max(1)) {
+        let mut rest = part;
+        while !rest.is_empty() && !dec.is_done() {
+            match dec.step(rest)? {
+                Step::Data(n) => {
+                    data.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    used += n;
+                }
+                Step::Framing(n) | Step::Done(n) => {
+                    rest = &rest[n..];
+                    used += n;
+                }
+            }
+        }
+        if dec.is_done() {
+            return Ok(Some((data, used)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Decoded = Result<Option<(Vec<u8>, usize)>, ChunkedError>;
+
+    fn every_split(input: &[u8]) -> Decoded {
+        let whole = decode_all(input, input.len());
+        for piece in 1..input.len() {
+            assert_eq!(decode_all(input, piece), whole, "piece size {piece}");
+        }
+        // Two-piece splits at every offset, as a read boundary would fall.
+        for cut in 1..input.len() {
+            let mut dec = ChunkedDecoder::new();
+            let mut data = Vec::new();
+            let mut used = 0;
+            let mut err = None;
+            'outer: for part in [&input[..cut], &input[cut..]] {
+                let mut rest = part;
+                while !rest.is_empty() && !dec.is_done() {
+                    match dec.step(rest) {
+                        Ok(Step::Data(n)) => {
+                            data.extend_from_slice(&rest[..n]);
+                            rest = &rest[n..];
+                            used += n;
+                        }
+                        Ok(Step::Framing(n) | Step::Done(n)) => {
+                            rest = &rest[n..];
+                            used += n;
+                        }
+                        Err(e) => {
+                            err = Some(e);
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+            let got = match err {
+                Some(e) => Err(e),
+                None if dec.is_done() => Ok(Some((data, used))),
+                None => Ok(None),
+            };
+            assert_eq!(got, whole, "cut at {cut}");
+        }
+        whole
+    }
+
+    #[test]
+    fn content_length_values() {
+        assert_eq!(parse_content_length(b"0"), Some(0));
+        assert_eq!(parse_content_length(b"0012"), Some(12));
+        assert_eq!(parse_content_length(b"7, 7 ,7"), Some(7));
+        assert_eq!(parse_content_length(b"7, 8"), None);
+        assert_eq!(parse_content_length(b""), None);
+        assert_eq!(parse_content_length(b"1e3"), None);
+        assert_eq!(parse_content_length(b"18446744073709551615"), None);
+        assert_eq!(
+            parse_content_length(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+    }
+
+    #[test]
+    fn decodes_simple_body_at_every_split() {
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n";
+        let (data, used) = every_split(body).unwrap().unwrap();
+        assert_eq!(data, b"hello world");
+        assert_eq!(used, body.len());
+    }
+
+    #[test]
+    fn trailers_and_extensions() {
+        let body = b"A ; name=\"v\"\r\n0123456789\r\n0\r\nX-Sum: 1\r\nY: a b\r\n\r\nNEXT";
+        let (data, used) = every_split(body).unwrap().unwrap();
+        assert_eq!(data, b"0123456789");
+        assert_eq!(used, body.len() - 4, "stops before the next message");
+    }
+
+    #[test]
+    fn rejects_malformed_bodies() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5\r\nhelloX\r\n",
+            b"5\r\nhello\n0\r\n\r\n",
+            b"-5\r\n",
+            b"0x5\r\n",
+            b"5 x\r\n",
+            b"11111111111111111\r\n",
+            b"1;a\x00b\r\n",
+            b"1;a\nb\r\n",
+            b"0\r\n bad: fold\r\n\r\n",
+            b"0\r\nX: 1\n\r\n",
+            b"0\r\nX\x01: 1\r\n\r\n",
+            b"0\r\n\n",
+        ] {
+            assert!(
+                every_split(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for incomplete in [&b"5\r\nhel"[..], b"0\r\n", b"0\r\nX: 1\r\n"] {
+            assert_eq!(every_split(incomplete), Ok(None));
+        }
+    }
+
+    #[test]
+    fn long_lines_are_bounded() {
+        let mut body = b"1;".to_vec();
+        body.extend(std::iter::repeat_n(b'a', MAX_CHUNK_LINE_BYTES));
+        body.extend_from_slice(b"\r\nx\r\n0\r\n\r\n");
+        assert_eq!(decode_all(&body, 7), Err(ChunkedError::LineTooLong));
+        let mut body = b"0\r\nX: ".to_vec();
+        body.extend(std::iter::repeat_n(b'a', MAX_TRAILER_BYTES));
+        body.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(decode_all(&body, 4096), Err(ChunkedError::InvalidTrailer));
+    }
+
+    #[test]
+    fn large_sizes_and_leading_zeros() {
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(d.step(b"000000000000000F\r\n"), Ok(Step::Framing(18)));
+        assert_eq!(d.step(&[0u8; 20]), Ok(Step::Data(15)));
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(d.step(b"FFFFFFFFFFFFFFFF\r\n"), Ok(Step::Framing(18)));
+        assert_eq!(d.step(&[0u8; 100]), Ok(Step::Data(100)));
+        assert_eq!(d.data_total(), 100);
+    }
+}

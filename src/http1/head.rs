@@ -1,0 +1,922 @@
+//! Request and response head parsing: httparse for the syntax, then the RFC 9112 checks that
+//! decide framing, persistence and which fields are connection-specific.
+
+use std::mem::MaybeUninit;
+
+use super::{
+    is_tchar, list_elements, parse_content_length, trim_ows, BodyFraming, HeaderField, HeaderKind,
+    Method, Span, Version,
+};
+
+/// Upper bound on `max_headers` (the parser's header array lives on the stack).
+pub const MAX_HEADERS_HARD_LIMIT: usize = 256;
+
+/// Names listed in one message's Connection fields that we track; more is an error.
+const MAX_CONNECTION_TOKENS: usize = 16;
+
+/// Size limits applied while parsing a request head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadLimits {
+    /// Whole head, request line to the empty line (431 beyond).
+    pub max_head_bytes: usize,
+    /// Number of header fields (431 beyond); at most [`MAX_HEADERS_HARD_LIMIT`].
+    pub max_headers: usize,
+    /// Request line, without its line ending (414 beyond).
+    pub max_request_line_bytes: usize,
+}
+
+impl Default for HeadLimits {
+    fn default() -> Self {
+        HeadLimits {
+            max_head_bytes: 16 * 1024,
+            max_headers: 100,
+            max_request_line_bytes: 8 * 1024,
+        }
+    }
+}
+
+/// Why a head was rejected. Each maps to one status in `error.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseError {
+    /// Syntax or framing violation (400 for requests, 502 for responses). The text is for logs.
+    Malformed(&'static str),
+    /// The head exceeds `max_head_bytes` (431).
+    HeadTooLarge,
+    /// More header fields than `max_headers` (431).
+    TooManyHeaders,
+    /// The request line exceeds `max_request_line_bytes` (414).
+    UriTooLong,
+    /// A transfer coding other than chunked (501).
+    UnsupportedTransferCoding,
+    /// CONNECT: ringway is not a forward proxy (501).
+    UnsupportedMethod,
+    /// An Expect value other than 100-continue (417).
+    ExpectationFailed,
+    /// Neither HTTP/1.0 nor HTTP/1.1 (505).
+    UnsupportedVersion,
+}
+
+/// The form of a request target (RFC 9112 §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TargetForm {
+    /// `/path?query`
+    #[default]
+    Origin,
+    /// `http://authority/path?query`: the authority replaces Host (§3.2.2).
+    Absolute,
+    /// `*` (OPTIONS only)
+    Asterisk,
+}
+
+/// A parsed request head. Spans are relative to the first byte of the parsed buffer.
+#[derive(Debug, Default, Clone)]
+pub struct RequestHead {
+    /// Head length in bytes, through the empty line.
+    pub len: usize,
+    /// The method.
+    pub method: Method,
+    /// The method token as sent.
+    pub method_span: Span,
+    /// The request target as sent.
+    pub target: Span,
+    /// Form of the target.
+    pub form: TargetForm,
+    /// Path part of the target (empty for an absolute-form target without path: means `/`).
+    pub path: Span,
+    /// Query part including its leading `?` (empty when there is none).
+    pub query: Span,
+    /// Protocol version.
+    pub version: Version,
+    /// Every header field in order.
+    pub headers: Vec<HeaderField>,
+    /// The effective host: the absolute-form authority or the Host field (empty if none).
+    pub host: Span,
+    /// How the body is delimited.
+    pub framing: BodyFraming,
+    /// Whether the client allows the connection to persist after this exchange.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` on an HTTP/1.1 request.
+    pub expect_continue: bool,
+}
+
+impl RequestHead {
+    /// The first field of `kind`, if any.
+    pub fn find(&self, kind: HeaderKind) -> Option<&HeaderField> {
+        self.headers.iter().find(|h| h.kind == kind)
+    }
+}
+
+/// A parsed response head.
+#[derive(Debug, Default, Clone)]
+pub struct ResponseHead {
+    /// Head length in bytes, through the empty line.
+    pub len: usize,
+    /// Protocol version.
+    pub version: Version,
+    /// Status code.
+    pub status: u16,
+    /// Reason phrase as sent (may be empty).
+    pub reason: Span,
+    /// Every header field in order.
+    pub headers: Vec<HeaderField>,
+    /// How the body is delimited, given the request method and status.
+    pub framing: BodyFraming,
+    /// The declared Content-Length, also for responses without a body (HEAD, 304).
+    pub content_length: Option<u64>,
+    /// Whether the upstream allows the connection to persist.
+    pub keep_alive: bool,
+}
+
+/// Parses a request head from `buf`. `Ok(None)`: incomplete, read more. `Ok(Some(n))`: the head
+/// is the first `n` bytes and `head` describes it.
+pub fn parse_request(
+    buf: &[u8],
+    limits: &HeadLimits,
+    head: &mut RequestHead,
+) -> Result<Option<usize>, ParseError> {
+    let mut storage =
+        [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS_HARD_LIMIT];
+    let max_headers = limits.max_headers.clamp(1, MAX_HEADERS_HARD_LIMIT);
+    let mut req = httparse::Request::new(&mut []);
+    let status = httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut req,
+        buf,
+        &mut storage[..max_headers],
+    );
+    let len = match status {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            check_request_line(buf, limits)?;
+            if buf.len() >= limits.max_head_bytes {
+                return Err(ParseError::HeadTooLarge);
+            }
+            return Ok(None);
+        }
+        Err(e) => {
+            // A line too long to be a request line is a 414 whatever else is wrong with it.
+            check_request_line(buf, limits)?;
+            return Err(match e {
+                httparse::Error::TooManyHeaders => ParseError::TooManyHeaders,
+                httparse::Error::Version => ParseError::UnsupportedVersion,
+                httparse::Error::HeaderName => ParseError::Malformed("invalid header name"),
+                httparse::Error::HeaderValue => ParseError::Malformed("invalid header value"),
+                httparse::Error::NewLine => ParseError::Malformed("invalid line ending"),
+                httparse::Error::Token => ParseError::Malformed("invalid request line"),
+                _ => ParseError::Malformed("invalid request head"),
+            });
+        }
+    };
+    check_request_line(buf, limits)?;
+    if len > limits.max_head_bytes {
+        return Err(ParseError::HeadTooLarge);
+    }
+
+    head.len = len;
+    head.headers.clear();
+    head.framing = BodyFraming::None;
+    head.host = Span::default();
+    head.expect_continue = false;
+
+    // Request line. httparse returned Complete, so all three parts are present.
+    let method = req.method.unwrap_or("").as_bytes();
+    let target = req.path.unwrap_or("").as_bytes();
+    head.method = Method::from_bytes(method);
+    head.method_span = Span::of(buf, method);
+    head.target = Span::of(buf, target);
+    head.version = if req.version == Some(0) {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    if head.method == Method::Connect {
+        return Err(ParseError::UnsupportedMethod);
+    }
+    parse_target(buf, target, head)?;
+
+    // Header fields: classify, record, and gather what framing and persistence depend on.
+    let mut conn_tokens = [Span::default(); MAX_CONNECTION_TOKENS];
+    let mut n_tokens = 0;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut host_count = 0;
+    let mut host_field = Span::default();
+    let mut content_length: Option<u64> = None;
+    let mut te_seen = false;
+    let mut te_codings = 0usize;
+    let mut te_last_chunked = false;
+    let mut te_chunked_not_last = false;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = trim_ows(h.value);
+        let kind = HeaderKind::classify(name);
+        let field = HeaderField {
+            name: Span::of(buf, name),
+            value: Span::of(buf, value),
+            kind,
+            hop: kind.is_hop_by_hop(),
+        };
+        match kind {
+            HeaderKind::Host => {
+                host_count += 1;
+                if !valid_host(value) {
+                    return Err(ParseError::Malformed("invalid host"));
+                }
+                host_field = field.value;
+            }
+            HeaderKind::ContentLength => {
+                let n = parse_content_length(value)
+                    .ok_or(ParseError::Malformed("invalid content-length"))?;
+                if content_length.is_some_and(|prev| prev != n) {
+                    return Err(ParseError::Malformed("differing content-length values"));
+                }
+                content_length = Some(n);
+            }
+            HeaderKind::TransferEncoding => {
+                te_seen = true;
+                for coding in list_elements(value) {
+                    if te_last_chunked {
+                        te_chunked_not_last = true;
+                    }
+                    te_codings += 1;
+                    te_last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+                }
+            }
+            HeaderKind::Connection => {
+                for token in list_elements(value) {
+                    if !token.iter().all(|&b| is_tchar(b)) {
+                        return Err(ParseError::Malformed("invalid connection option"));
+                    }
+                    if token.eq_ignore_ascii_case(b"close") {
+                        conn_close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        conn_keep_alive = true;
+                    } else {
+                        if n_tokens == MAX_CONNECTION_TOKENS {
+                            return Err(ParseError::Malformed("too many connection options"));
+                        }
+                        conn_tokens[n_tokens] = Span::of(buf, token);
+                        n_tokens += 1;
+                    }
+                }
+            }
+            HeaderKind::Expect => {
+                if value.eq_ignore_ascii_case(b"100-continue") {
+                    // RFC 9110 §10.1.1: ignored on HTTP/1.0.
+                    head.expect_continue = head.version == Version::Http11;
+                } else {
+                    return Err(ParseError::ExpectationFailed);
+                }
+            }
+            _ => {}
+        }
+        head.headers.push(field);
+    }
+    mark_connection_listed(buf, &mut head.headers, &conn_tokens[..n_tokens]);
+
+    // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
+    if host_count > 1 || (host_count == 0 && head.version == Version::Http11) {
+        return Err(ParseError::Malformed("missing or repeated host"));
+    }
+    if head.form != TargetForm::Absolute {
+        head.host = host_field;
+    }
+
+    // RFC 9112 §6.1 and §6.3.
+    if te_seen {
+        if head.version == Version::Http10 {
+            return Err(ParseError::Malformed("transfer-encoding in HTTP/1.0"));
+        }
+        if content_length.is_some() {
+            return Err(ParseError::Malformed(
+                "content-length with transfer-encoding",
+            ));
+        }
+        if te_codings == 0 || !te_last_chunked || te_chunked_not_last {
+            return Err(ParseError::Malformed(
+                "transfer-encoding must end in chunked",
+            ));
+        }
+        if te_codings > 1 {
+            return Err(ParseError::UnsupportedTransferCoding);
+        }
+        head.framing = BodyFraming::Chunked;
+    } else if let Some(n) = content_length {
+        head.framing = BodyFraming::Length(n);
+    }
+    if !head.framing.has_body() {
+        head.expect_continue = false;
+    }
+
+    head.keep_alive = match head.version {
+        Version::Http11 => !conn_close,
+        Version::Http10 => conn_keep_alive && !conn_close,
+    };
+    Ok(Some(len))
+}
+
+/// 414 when the request line (after any leading empty lines) is longer than allowed.
+fn check_request_line(buf: &[u8], limits: &HeadLimits) -> Result<(), ParseError> {
+    let mut rest = buf;
+    while let [b'\r' | b'\n', tail @ ..] = rest {
+        rest = tail;
+    }
+    let window = &rest[..rest.len().min(limits.max_request_line_bytes + 2)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(nl) => {
+            let line = if nl > 0 && window[nl - 1] == b'\r' {
+                nl - 1
+            } else {
+                nl
+            };
+            if line > limits.max_request_line_bytes {
+                return Err(ParseError::UriTooLong);
+            }
+        }
+        None => {
+            let seen = window.len() - usize::from(window.last() == Some(&b'\r'));
+            if seen > limits.max_request_line_bytes {
+                return Err(ParseError::UriTooLong);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits the target into path and query, and takes the authority of an absolute-form target.
+fn parse_target(buf: &[u8], target: &[u8], head: &mut RequestHead) -> Result<(), ParseError> {
+    if target.contains(&b'#') {
+        return Err(ParseError::Malformed("fragment in request target"));
+    }
+    let path_and_query = match target.first() {
+        Some(b'/') => {
+            head.form = TargetForm::Origin;
+            target
+        }
+        Some(b'*') if target.len() == 1 => {
+            if head.method != Method::Options {
+                return Err(ParseError::Malformed("asterisk-form without OPTIONS"));
+            }
+            head.form = TargetForm::Asterisk;
+            head.path = Span::of(buf, target);
+            head.query = Span::of(buf, &target[1..]);
+            return Ok(());
+        }
+        _ => {
+            let rest =
+                strip_scheme(target).ok_or(ParseError::Malformed("invalid request target"))?;
+            let end = rest
+                .iter()
+                .position(|&b| b == b'/' || b == b'?')
+                .unwrap_or(rest.len());
+            let authority = &rest[..end];
+            if authority.is_empty() || authority.contains(&b'@') || !valid_host(authority) {
+                return Err(ParseError::Malformed("invalid authority in request target"));
+            }
+            head.form = TargetForm::Absolute;
+            head.host = Span::of(buf, authority);
+            &rest[end..]
+        }
+    };
+    let q = path_and_query
+        .iter()
+        .position(|&b| b == b'?')
+        .unwrap_or(path_and_query.len());
+    head.path = Span::of(buf, &path_and_query[..q]);
+    head.query = Span::of(buf, &path_and_query[q..]);
+    Ok(())
+}
+
+fn strip_scheme(target: &[u8]) -> Option<&[u8]> {
+    for scheme in [&b"http://"[..], b"https://"] {
+        if target.len() >= scheme.len() && target[..scheme.len()].eq_ignore_ascii_case(scheme) {
+            return Some(&target[scheme.len()..]);
+        }
+    }
+    None
+}
+
+/// RFC 9110 §7.2 / RFC 3986 §3.2.2: `uri-host [ ":" port ]`, where uri-host is a reg-name, an
+/// IPv4 address or a bracketed IP literal. Empty is allowed (no authority).
+pub fn valid_host(value: &[u8]) -> bool {
+    let (host, port) = split_host_port(value);
+    if let Some(port) = port {
+        if port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+    }
+    match host {
+        [b'[', inner @ .., b']'] => {
+            !inner.is_empty()
+                && inner
+                    .iter()
+                    .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        }
+        _ => host.iter().all(|&b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'.'
+                        | b'_'
+                        | b'~'
+                        | b'%'
+                        | b'!'
+                        | b'$'
+                        | b'&'
+                        | b'\''
+                        | b'('
+                        | b')'
+                        | b'*'
+                        | b'+'
+                        | b','
+                        | b';'
+                        | b'='
+                )
+        }),
+    }
+}
+
+/// Splits `host[:port]`, minding IPv6 brackets. The port, when present, may be empty.
+pub fn split_host_port(value: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let colon = if value.first() == Some(&b'[') {
+        value
+            .iter()
+            .position(|&b| b == b']')
+            .and_then(|close| (value.get(close + 1) == Some(&b':')).then_some(close + 1))
+    } else {
+        value.iter().rposition(|&b| b == b':')
+    };
+    match colon {
+        Some(i) => (&value[..i], Some(&value[i + 1..])),
+        None => (value, None),
+    }
+}
+
+fn mark_connection_listed(buf: &[u8], headers: &mut [HeaderField], tokens: &[Span]) {
+    if tokens.is_empty() {
+        return;
+    }
+    for h in headers.iter_mut() {
+        if h.hop {
+            continue;
+        }
+        let name = h.name.get(buf);
+        if tokens.iter().any(|t| t.get(buf).eq_ignore_ascii_case(name)) {
+            h.hop = true;
+        }
+    }
+}
+
+/// Parses a response head. `request_method` and the status decide whether a body follows
+/// (RFC 9112 §6.3). `max_headers` bounds the field count. `Ok(None)`: incomplete.
+pub fn parse_response(
+    buf: &[u8],
+    max_headers: usize,
+    request_method: Method,
+    head: &mut ResponseHead,
+) -> Result<Option<usize>, ParseError> {
+    let mut storage =
+        [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS_HARD_LIMIT];
+    let max_headers = max_headers.clamp(1, MAX_HEADERS_HARD_LIMIT);
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut res,
+        buf,
+        &mut storage[..max_headers],
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(ParseError::TooManyHeaders),
+        Err(_) => return Err(ParseError::Malformed("invalid response head")),
+    };
+
+    head.len = len;
+    head.headers.clear();
+    head.version = if res.version == Some(0) {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    head.status = res.code.unwrap_or(0);
+    if !(100..=599).contains(&head.status) {
+        return Err(ParseError::Malformed("invalid status code"));
+    }
+    let reason = res.reason.unwrap_or("").as_bytes();
+    head.reason = if reason.is_empty() {
+        Span::default()
+    } else {
+        Span::of(buf, reason)
+    };
+
+    let mut conn_tokens = [Span::default(); MAX_CONNECTION_TOKENS];
+    let mut n_tokens = 0;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut content_length: Option<u64> = None;
+    let mut te_seen = false;
+    let mut te_only_chunked = true;
+    let mut te_codings = 0usize;
+    for h in res.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = trim_ows(h.value);
+        let kind = HeaderKind::classify(name);
+        match kind {
+            HeaderKind::ContentLength => {
+                let n = parse_content_length(value)
+                    .ok_or(ParseError::Malformed("invalid content-length"))?;
+                if content_length.is_some_and(|prev| prev != n) {
+                    return Err(ParseError::Malformed("differing content-length values"));
+                }
+                content_length = Some(n);
+            }
+            HeaderKind::TransferEncoding => {
+                te_seen = true;
+                for coding in list_elements(value) {
+                    te_codings += 1;
+                    te_only_chunked &= coding.eq_ignore_ascii_case(b"chunked");
+                }
+            }
+            HeaderKind::Connection => {
+                for token in list_elements(value) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        conn_close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        conn_keep_alive = true;
+                    } else if n_tokens < MAX_CONNECTION_TOKENS {
+                        conn_tokens[n_tokens] = Span::of(buf, token);
+                        n_tokens += 1;
+                    } else {
+                        return Err(ParseError::Malformed("too many connection options"));
+                    }
+                }
+            }
+            _ => {}
+        }
+        head.headers.push(HeaderField {
+            name: Span::of(buf, name),
+            value: Span::of(buf, value),
+            kind,
+            hop: kind.is_hop_by_hop(),
+        });
+    }
+    mark_connection_listed(buf, &mut head.headers, &conn_tokens[..n_tokens]);
+
+    // Strict framing: an upstream that could be read two ways is not relayed.
+    if te_seen {
+        if content_length.is_some() {
+            return Err(ParseError::Malformed(
+                "content-length with transfer-encoding",
+            ));
+        }
+        if head.version == Version::Http10 {
+            return Err(ParseError::Malformed("transfer-encoding in HTTP/1.0"));
+        }
+        if te_codings != 1 || !te_only_chunked {
+            return Err(ParseError::Malformed(
+                "transfer-encoding other than chunked",
+            ));
+        }
+    }
+    head.content_length = content_length;
+    let bodiless = request_method == Method::Head
+        || (100..200).contains(&head.status)
+        || head.status == 204
+        || head.status == 304;
+    head.framing = if bodiless {
+        BodyFraming::None
+    } else if te_seen {
+        BodyFraming::Chunked
+    } else if let Some(n) = content_length {
+        BodyFraming::Length(n)
+    } else {
+        BodyFraming::UntilClose
+    };
+    head.keep_alive = match head.version {
+        Version::Http11 => !conn_close,
+        Version::Http10 => conn_keep_alive && !conn_close,
+    };
+    Ok(Some(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(input: &[u8]) -> Result<Option<usize>, ParseError> {
+        let mut head = RequestHead::default();
+        parse_request(input, &HeadLimits::default(), &mut head)
+    }
+
+    fn parsed(input: &[u8]) -> RequestHead {
+        let mut head = RequestHead::default();
+        let n = parse_request(input, &HeadLimits::default(), &mut head)
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(n, input.len());
+        head
+    }
+
+    /// Every strict prefix is incomplete (never an error, never complete), and the whole input
+    /// gives `expected`.
+    fn check_split(input: &[u8], expected: Result<Option<usize>, ParseError>) {
+        for cut in 0..input.len() {
+            let mut head = RequestHead::default();
+            let r = parse_request(&input[..cut], &HeadLimits::default(), &mut head);
+            match expected {
+                Ok(_) => assert_eq!(r, Ok(None), "prefix of {cut} bytes"),
+                Err(_) => assert!(
+                    matches!(r, Ok(None)) || r == expected,
+                    "prefix {cut}: {r:?}"
+                ),
+            }
+        }
+        assert_eq!(parse(input), expected);
+    }
+
+    #[test]
+    fn simple_get_at_every_split() {
+        let req = b"GET /a/b?x=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n";
+        check_split(req, Ok(Some(req.len())));
+        let h = parsed(req);
+        assert_eq!(h.method, Method::Get);
+        assert_eq!(h.path.get(req), b"/a/b");
+        assert_eq!(h.query.get(req), b"?x=1");
+        assert_eq!(h.host.get(req), b"example.com");
+        assert_eq!(h.framing, BodyFraming::None);
+        assert!(h.keep_alive);
+        assert_eq!(h.headers.len(), 2);
+    }
+
+    #[test]
+    fn chunked_post_at_every_split() {
+        let req = b"POST /u HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+        check_split(req, Ok(Some(req.len())));
+        assert_eq!(parsed(req).framing, BodyFraming::Chunked);
+    }
+
+    #[test]
+    fn content_length_and_duplicates() {
+        let h =
+            parsed(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n");
+        assert_eq!(h.framing, BodyFraming::Length(5));
+        let h = parsed(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n");
+        assert_eq!(h.framing, BodyFraming::Length(5));
+        assert!(matches!(
+            parse(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+            Err(ParseError::Malformed(_))
+        ));
+        for bad in [
+            &b"+5"[..],
+            b"-1",
+            b"5 5",
+            b"0x5",
+            b"",
+            b"99999999999999999999999",
+        ] {
+            let mut req = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: ".to_vec();
+            req.extend_from_slice(bad);
+            req.extend_from_slice(b"\r\n\r\n");
+            assert!(
+                matches!(parse(&req), Err(ParseError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn smuggling_shapes_are_rejected() {
+        let cases: &[&[u8]] = &[
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: \r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nX: a\r\n chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: a\x01b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: a\x7fb\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nAccept: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a@b\r\n\r\n",
+            b"GET /a#b HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET * HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET http://u@h/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: clo se\r\n\r\n",
+        ];
+        for c in cases {
+            assert!(
+                matches!(parse(c), Err(ParseError::Malformed(_))),
+                "{:?} gave {:?}",
+                String::from_utf8_lossy(c),
+                parse(c)
+            );
+        }
+    }
+
+    #[test]
+    fn other_codings_are_not_implemented() {
+        assert_eq!(
+            parse(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            Err(ParseError::UnsupportedTransferCoding)
+        );
+    }
+
+    #[test]
+    fn connect_expect_and_version() {
+        assert_eq!(
+            parse(b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(ParseError::UnsupportedMethod)
+        );
+        assert_eq!(
+            parse(b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: something\r\n\r\n"),
+            Err(ParseError::ExpectationFailed)
+        );
+        assert_eq!(
+            parse(b"GET / HTTP/2.0\r\nHost: a\r\n\r\n"),
+            Err(ParseError::UnsupportedVersion)
+        );
+        let h = parsed(
+            b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\n",
+        );
+        assert!(h.expect_continue);
+        let h = parsed(b"PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n");
+        assert!(!h.expect_continue);
+    }
+
+    #[test]
+    fn limits() {
+        let limits = HeadLimits {
+            max_head_bytes: 64,
+            max_headers: 2,
+            max_request_line_bytes: 20,
+        };
+        let mut h = RequestHead::default();
+        assert_eq!(
+            parse_request(b"GET /0123456789012345 HTTP/1.1\r\n", &limits, &mut h),
+            Err(ParseError::UriTooLong)
+        );
+        assert_eq!(
+            parse_request(b"GET /01234567890123456789", &limits, &mut h),
+            Err(ParseError::UriTooLong)
+        );
+        assert_eq!(
+            parse_request(
+                b"GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 2\r\n\r\n",
+                &limits,
+                &mut h
+            ),
+            Err(ParseError::TooManyHeaders)
+        );
+        let big = [b"GET / HTTP/1.1\r\nHost: a\r\nA: ".as_slice(), &[b'x'; 40]].concat();
+        assert_eq!(
+            parse_request(&big, &limits, &mut h),
+            Err(ParseError::HeadTooLarge)
+        );
+    }
+
+    #[test]
+    fn connection_options_mark_fields_hop_by_hop() {
+        let req = b"GET / HTTP/1.1\r\nHost: a\r\nConnection: X-Secret, close\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nX-Other: 2\r\n\r\n";
+        let h = parsed(req);
+        let hops: Vec<&[u8]> = h
+            .headers
+            .iter()
+            .filter(|f| f.hop)
+            .map(|f| f.name.get(req))
+            .collect();
+        assert_eq!(hops, vec![&b"Connection"[..], b"X-Secret", b"Keep-Alive"]);
+        assert!(!h.keep_alive);
+    }
+
+    #[test]
+    fn http10_keep_alive_rules() {
+        assert!(!parsed(b"GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(parsed(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").keep_alive);
+        assert!(!parsed(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").keep_alive);
+    }
+
+    #[test]
+    fn absolute_form_takes_authority_as_host() {
+        let req = b"GET http://Example.com:8080/p?q HTTP/1.1\r\nHost: other\r\n\r\n";
+        let h = parsed(req);
+        assert_eq!(h.form, TargetForm::Absolute);
+        assert_eq!(h.host.get(req), b"Example.com:8080");
+        assert_eq!(h.path.get(req), b"/p");
+        assert_eq!(h.query.get(req), b"?q");
+        let req = b"GET HTTP://a.b HTTP/1.1\r\nHost: a.b\r\n\r\n";
+        let h = parsed(req);
+        assert_eq!(h.path.len, 0);
+        assert_eq!(h.host.get(req), b"a.b");
+    }
+
+    #[test]
+    fn leading_empty_lines_are_ignored() {
+        let req = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert_eq!(parsed(req).method, Method::Get);
+    }
+
+    #[test]
+    fn hosts() {
+        for ok in [
+            &b"a"[..],
+            b"a.b:80",
+            b"[::1]:8080",
+            b"[::1]",
+            b"10.0.0.1",
+            b"",
+            b"a:",
+        ] {
+            assert!(valid_host(ok), "{ok:?}");
+        }
+        for bad in [&b"a b"[..], b"a/b", b"[::1", b"a:x", b"a:123456", b"a?b"] {
+            assert!(!valid_host(bad), "{bad:?}");
+        }
+        assert_eq!(
+            split_host_port(b"[::1]:80"),
+            (&b"[::1]"[..], Some(&b"80"[..]))
+        );
+        assert_eq!(split_host_port(b"[::1]"), (&b"[::1]"[..], None));
+        assert_eq!(split_host_port(b"a:1"), (&b"a"[..], Some(&b"1"[..])));
+    }
+
+    fn resp(input: &[u8], method: Method) -> Result<ResponseHead, ParseError> {
+        let mut head = ResponseHead::default();
+        parse_response(input, 100, method, &mut head).map(|r| {
+            assert_eq!(r, Some(input.len()));
+            head
+        })
+    }
+
+    #[test]
+    fn response_framing() {
+        let r = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Method::Get).unwrap();
+        assert_eq!(r.framing, BodyFraming::Length(5));
+        assert!(r.keep_alive);
+        let r = resp(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            Method::Head,
+        )
+        .unwrap();
+        assert_eq!(r.framing, BodyFraming::None);
+        assert_eq!(r.content_length, Some(5));
+        let r = resp(b"HTTP/1.1 204 No Content\r\n\r\n", Method::Get).unwrap();
+        assert_eq!(r.framing, BodyFraming::None);
+        let r = resp(b"HTTP/1.1 304 Not Modified\r\n\r\n", Method::Get).unwrap();
+        assert_eq!(r.framing, BodyFraming::None);
+        let r = resp(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Method::Get,
+        )
+        .unwrap();
+        assert_eq!(r.framing, BodyFraming::Chunked);
+        let r = resp(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", Method::Get).unwrap();
+        assert_eq!(r.framing, BodyFraming::UntilClose);
+        assert!(!r.keep_alive);
+        let r = resp(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", Method::Get).unwrap();
+        assert!(!r.keep_alive);
+        let r = resp(b"HTTP/1.1 100 Continue\r\n\r\n", Method::Post).unwrap();
+        assert_eq!(r.framing, BodyFraming::None);
+    }
+
+    #[test]
+    fn ambiguous_responses_are_rejected() {
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+            b"HTTP/1.1 099 OK\r\n\r\n",
+            b"HTTP/1.1 600 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            b"HTTTP/1.1 200 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX: \x00\r\n\r\n",
+        ] {
+            assert!(
+                resp(bad, Method::Get).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn response_at_every_split() {
+        let input = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n";
+        for cut in 0..input.len() {
+            let mut head = ResponseHead::default();
+            assert_eq!(
+                parse_response(&input[..cut], 100, Method::Get, &mut head),
+                Ok(None),
+                "cut {cut}"
+            );
+        }
+        assert!(resp(input, Method::Get).is_ok());
+    }
+}

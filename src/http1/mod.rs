@@ -1,0 +1,334 @@
+//! HTTP/1.1 codec, sans-IO: head parsing on httparse, strict framing, body decoding and head
+//! writing. Nothing here touches a socket or knows about routes and upstreams.
+//!
+//! Ownership: the parsed heads ([`RequestHead`], [`ResponseHead`]) are reusable per-connection
+//! storage holding *offsets* into the caller's buffer, so parsing allocates nothing once a
+//! connection's header vector has grown to its working size.
+//!
+//! Strictness (RFC 9112): invalid names or values, control characters, bare CR, obs-fold,
+//! Content-Length with Transfer-Encoding, differing Content-Lengths, a Transfer-Encoding that is
+//! not exactly `chunked`, and an HTTP/1.1 request without exactly one valid Host are errors.
+
+pub mod body;
+pub mod encode;
+pub mod head;
+
+pub use body::{parse_content_length, ChunkedDecoder, ChunkedError, Step};
+pub use encode::{write_request_head, write_response_head, RequestEdits, ResponseEdits};
+pub use head::{
+    parse_request, parse_response, HeadLimits, ParseError, RequestHead, ResponseHead,
+    MAX_HEADERS_HARD_LIMIT,
+};
+
+/// A byte range inside a parsed head, relative to the head's first byte.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Span {
+    /// Offset of the first byte.
+    pub start: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+impl Span {
+    /// The span of `part`, which must lie inside `base`.
+    pub(crate) fn of(base: &[u8], part: &[u8]) -> Span {
+        let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+        debug_assert!(start + part.len() <= base.len());
+        Span {
+            start: start as u32,
+            len: part.len() as u32,
+        }
+    }
+
+    /// The bytes of this span in `base` (empty if out of range, which parsing never produces).
+    pub fn get<'a>(&self, base: &'a [u8]) -> &'a [u8] {
+        let start = self.start as usize;
+        base.get(start..start + self.len as usize).unwrap_or(&[])
+    }
+
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
+        (self.start + self.len) as usize
+    }
+}
+
+/// HTTP/1.x minor version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Version {
+    /// HTTP/1.0
+    Http10,
+    /// HTTP/1.1
+    #[default]
+    Http11,
+}
+
+/// Request method, with the ones the proxy treats specially named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Method {
+    /// GET
+    #[default]
+    Get,
+    /// HEAD: the response never has a body.
+    Head,
+    /// POST
+    Post,
+    /// PUT
+    Put,
+    /// DELETE
+    Delete,
+    /// OPTIONS
+    Options,
+    /// TRACE
+    Trace,
+    /// PATCH
+    Patch,
+    /// CONNECT: not served by a reverse proxy.
+    Connect,
+    /// Any other token.
+    Other,
+}
+
+impl Method {
+    fn from_bytes(m: &[u8]) -> Method {
+        match m {
+            b"GET" => Method::Get,
+            b"HEAD" => Method::Head,
+            b"POST" => Method::Post,
+            b"PUT" => Method::Put,
+            b"DELETE" => Method::Delete,
+            b"OPTIONS" => Method::Options,
+            b"TRACE" => Method::Trace,
+            b"PATCH" => Method::Patch,
+            b"CONNECT" => Method::Connect,
+            _ => Method::Other,
+        }
+    }
+
+    /// RFC 9110 §9.2.2: the request can be repeated with the same effect.
+    pub fn is_idempotent(self) -> bool {
+        matches!(
+            self,
+            Method::Get
+                | Method::Head
+                | Method::Options
+                | Method::Trace
+                | Method::Put
+                | Method::Delete
+        )
+    }
+}
+
+/// Header names the codec and the proxy treat specially; everything else is `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderKind {
+    /// Any header without special meaning here.
+    #[default]
+    Other,
+    /// Host
+    Host,
+    /// Content-Length
+    ContentLength,
+    /// Transfer-Encoding
+    TransferEncoding,
+    /// Connection
+    Connection,
+    /// Keep-Alive
+    KeepAlive,
+    /// Proxy-Connection (non-standard, treated as hop-by-hop)
+    ProxyConnection,
+    /// TE
+    Te,
+    /// Upgrade
+    Upgrade,
+    /// Expect
+    Expect,
+    /// X-Forwarded-For
+    XForwardedFor,
+    /// X-Forwarded-Proto
+    XForwardedProto,
+    /// X-Real-IP
+    XRealIp,
+    /// X-Request-Id
+    XRequestId,
+}
+
+impl HeaderKind {
+    /// Classifies a header name (case-insensitive).
+    pub fn classify(name: &[u8]) -> HeaderKind {
+        // Dispatch on length first: one comparison for most names.
+        let candidates: &[(&[u8], HeaderKind)] = match name.len() {
+            2 => &[(b"te", HeaderKind::Te)],
+            4 => &[(b"host", HeaderKind::Host)],
+            6 => &[(b"expect", HeaderKind::Expect)],
+            7 => &[(b"upgrade", HeaderKind::Upgrade)],
+            9 => &[(b"x-real-ip", HeaderKind::XRealIp)],
+            10 => &[
+                (b"connection", HeaderKind::Connection),
+                (b"keep-alive", HeaderKind::KeepAlive),
+            ],
+            12 => &[(b"x-request-id", HeaderKind::XRequestId)],
+            14 => &[(b"content-length", HeaderKind::ContentLength)],
+            15 => &[(b"x-forwarded-for", HeaderKind::XForwardedFor)],
+            16 => &[(b"proxy-connection", HeaderKind::ProxyConnection)],
+            17 => &[
+                (b"transfer-encoding", HeaderKind::TransferEncoding),
+                (b"x-forwarded-proto", HeaderKind::XForwardedProto),
+            ],
+            _ => &[],
+        };
+        for (n, kind) in candidates {
+            if name.eq_ignore_ascii_case(n) {
+                return *kind;
+            }
+        }
+        HeaderKind::Other
+    }
+
+    /// RFC 9110 §7.6.1 connection-specific fields, never forwarded.
+    pub fn is_hop_by_hop(self) -> bool {
+        matches!(
+            self,
+            HeaderKind::Connection
+                | HeaderKind::KeepAlive
+                | HeaderKind::ProxyConnection
+                | HeaderKind::Te
+                | HeaderKind::TransferEncoding
+                | HeaderKind::Upgrade
+        )
+    }
+}
+
+/// One parsed header field: where its name and value are, what it is, and whether it must be
+/// dropped when forwarding (hop-by-hop or listed in Connection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeaderField {
+    /// The field name.
+    pub name: Span,
+    /// The field value, without surrounding whitespace.
+    pub value: Span,
+    /// Classification of the name.
+    pub kind: HeaderKind,
+    /// Connection-specific: never forwarded.
+    pub hop: bool,
+}
+
+/// How a message body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyFraming {
+    /// No body.
+    #[default]
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// Until the connection closes (responses only).
+    UntilClose,
+}
+
+impl BodyFraming {
+    /// Whether a body follows the head.
+    pub fn has_body(self) -> bool {
+        !matches!(self, BodyFraming::None | BodyFraming::Length(0))
+    }
+}
+
+/// RFC 9110 §5.6.2 tchar.
+pub fn is_tchar(b: u8) -> bool {
+    matches!(b,
+        b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`'
+        | b'|' | b'~' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z')
+}
+
+/// Splits a comma-separated field value into trimmed, non-empty elements (RFC 9110 §5.6.1).
+pub fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(trim_ows)
+        .filter(|e| !e.is_empty())
+}
+
+/// Trims optional whitespace (SP / HTAB) from both ends.
+pub fn trim_ows(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// The standard reason phrase of a status code, or "" for unknown ones.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_is_case_insensitive() {
+        assert_eq!(HeaderKind::classify(b"HOST"), HeaderKind::Host);
+        assert_eq!(
+            HeaderKind::classify(b"Transfer-Encoding"),
+            HeaderKind::TransferEncoding
+        );
+        assert_eq!(
+            HeaderKind::classify(b"x-forwarded-proto"),
+            HeaderKind::XForwardedProto
+        );
+        assert_eq!(HeaderKind::classify(b"x-forwarded-prot"), HeaderKind::Other);
+        assert_eq!(HeaderKind::classify(b"Keep-Alive"), HeaderKind::KeepAlive);
+        assert_eq!(HeaderKind::classify(b"accept"), HeaderKind::Other);
+    }
+
+    #[test]
+    fn list_elements_trims_and_skips_empty() {
+        let v: Vec<&[u8]> = list_elements(b" close ,, keep-alive,\tX-Foo ").collect();
+        assert_eq!(v, vec![&b"close"[..], b"keep-alive", b"X-Foo"]);
+    }
+
+    #[test]
+    fn idempotent_methods() {
+        assert!(Method::Put.is_idempotent());
+        assert!(Method::Delete.is_idempotent());
+        assert!(!Method::Post.is_idempotent());
+        assert!(!Method::Patch.is_idempotent());
+    }
+}

@@ -1,0 +1,73 @@
+//! The raw syscalls ringway makes itself, each behind a safe function.
+
+use std::os::fd::RawFd;
+
+/// Whether an idle connection still looks usable: no EOF, no error and no unsolicited bytes
+/// waiting. One non-blocking `recv(MSG_PEEK)`; used before sending a request that could not be
+/// replayed on a pooled connection (RFC 9112 §9.3.1: the server may close an idle connection
+/// at any time).
+pub fn idle_socket_usable(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `byte` is a valid, writable 1-byte buffer for the duration of the call; `fd` is
+    // owned by the caller and open; MSG_DONTWAIT makes the call non-blocking.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        return err.kind() == std::io::ErrorKind::WouldBlock;
+    }
+    // 0: the peer closed; > 0: bytes nobody asked for (a stray response).
+    false
+}
+
+/// Raises the soft open-files limit to the hard limit, as servers handling many connections
+/// must; returns the new soft limit.
+pub fn raise_nofile_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit struct for getrlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid, initialized rlimit struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests may block
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn peek_sees_close_and_stray_bytes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        assert!(idle_socket_usable(client.as_raw_fd()));
+        server.write_all(b"x").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!idle_socket_usable(client.as_raw_fd()));
+
+        let client2 = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server2, _) = listener.accept().unwrap();
+        drop(server2);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!idle_socket_usable(client2.as_raw_fd()));
+    }
+}

@@ -1,0 +1,108 @@
+//! Deadline-bounded, rent-style I/O on pooled blocks.
+//!
+//! A timed-out read or write is cancelled and its block stays with the cancelled operation
+//! until the kernel lets go of it; the caller gets a fresh empty block back together with an
+//! `io::ErrorKind::TimedOut` error, so a block is always returned.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use monoio::buf::IoBuf;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+
+use crate::buf::{Block, BufPool};
+
+fn timed_out() -> io::Error {
+    io::Error::from(io::ErrorKind::TimedOut)
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// Reads once into the spare space of `buf` before `deadline`. `Ok(0)` is end of stream.
+pub async fn read_by<S: AsyncReadRent>(
+    stream: &mut S,
+    buf: Block,
+    deadline: Instant,
+    pool: &BufPool,
+) -> (io::Result<usize>, Block) {
+    match monoio::time::timeout(remaining(deadline), stream.read(buf)).await {
+        Ok(r) => r,
+        Err(_) => (Err(timed_out()), pool.take()),
+    }
+}
+
+/// Writes the first `n` unconsumed bytes of `buf` before `deadline`, then consumes them.
+pub async fn write_front_by<S: AsyncWriteRent>(
+    stream: &mut S,
+    buf: Block,
+    n: usize,
+    deadline: Instant,
+    pool: &BufPool,
+) -> (io::Result<()>, Block) {
+    let n = n.min(buf.len());
+    let write = stream.write_all(buf.slice(0..n));
+    match monoio::time::timeout(remaining(deadline), write).await {
+        Ok((Ok(_), slice)) => {
+            let mut buf = slice.into_inner();
+            buf.consume(n);
+            (Ok(()), buf)
+        }
+        Ok((Err(e), slice)) => (Err(e), slice.into_inner()),
+        Err(_) => (Err(timed_out()), pool.take()),
+    }
+}
+
+/// Writes every unconsumed byte of `buf` before `deadline`; `buf` comes back empty on success.
+pub async fn write_all_by<S: AsyncWriteRent>(
+    stream: &mut S,
+    buf: Block,
+    deadline: Instant,
+    pool: &BufPool,
+) -> (io::Result<()>, Block) {
+    let n = buf.len();
+    write_front_by(stream, buf, n, deadline, pool).await
+}
+
+/// Writes a static byte string before `deadline`.
+pub async fn write_static_by<S: AsyncWriteRent>(
+    stream: &mut S,
+    bytes: &'static [u8],
+    deadline: Instant,
+) -> io::Result<()> {
+    match monoio::time::timeout(remaining(deadline), stream.write_all(bytes)).await {
+        Ok((r, _)) => r.map(|_| ()),
+        Err(_) => Err(timed_out()),
+    }
+}
+
+/// Which of two futures finished first.
+#[derive(Debug)]
+pub enum Either<A, B> {
+    /// The first.
+    Left(A),
+    /// The second.
+    Right(B),
+}
+
+/// Polls both futures, first `a`, and returns the output of the one that finishes first. Both
+/// stay usable (they are borrowed): the caller may go on awaiting the other.
+pub async fn race<A: Future, B: Future>(
+    mut a: Pin<&mut A>,
+    mut b: Pin<&mut B>,
+) -> Either<A::Output, B::Output> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(v));
+        }
+        if let Poll::Ready(v) = b.as_mut().poll(cx) {
+            return Poll::Ready(Either::Right(v));
+        }
+        Poll::Pending
+    })
+    .await
+}

@@ -1,0 +1,450 @@
+//! The request path: one task per client connection runs the HTTP/1.1 lifecycle.
+//!
+//! ```text
+//! ReadHead ─► Parse ─► Reserved? ─► Route ─► respond | forward ─► KeepAlive | Close
+//! ```
+//!
+//! Ownership: a [`ClientConn`] belongs to its connection task; the worker's state is reached
+//! through `Rc<Worker>`. Every failure before a response head reached the client becomes one
+//! classified response (`respond.rs`); a failure after it closes the connection. One request,
+//! at most one response.
+
+mod forward;
+pub mod io;
+mod reserved;
+pub mod respond;
+
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use monoio::io::AsyncWriteRent;
+use monoio::net::TcpStream;
+
+use crate::buf::Block;
+use crate::error::ErrorKind;
+use crate::http1::head::TargetForm;
+use crate::http1::{
+    parse_request, BodyFraming, ChunkedDecoder, HeaderKind, Method, RequestHead, ResponseHead,
+    Step, Version,
+};
+use crate::observe::metrics::add;
+use crate::observe::request_id::RequestId;
+use crate::route::Action;
+use crate::worker::event::or_event;
+use crate::worker::Worker;
+use io::read_by;
+
+/// Largest request body read and thrown away to keep a connection open after a local
+/// response; a larger one closes the connection instead.
+pub const DISCARD_MAX_BYTES: u64 = 256 * 1024;
+
+/// How long a closing connection keeps reading (and discarding) what the client still sends,
+/// so that our response is not destroyed by a reset (lingering close).
+pub const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Most bytes read during a lingering close.
+pub const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+/// A client connection.
+#[derive(Debug)]
+pub struct ClientConn {
+    stream: TcpStream,
+    /// Read buffer: request heads and body bytes. `None` only after an operation holding it
+    /// was cancelled; the connection then closes.
+    rbuf: Option<Block>,
+    head: RequestHead,
+    resp: ResponseHead,
+    peer_text: PeerText,
+    trusted_peer: bool,
+    accepted: Instant,
+    /// Unread client bytes may follow: close with a lingering close.
+    linger: bool,
+    /// The parsed head's bytes are still at the front of `rbuf`.
+    head_pending: bool,
+}
+
+impl ClientConn {
+    /// Drops the current request head from the read buffer (once).
+    fn consume_head(&mut self, len: usize) {
+        if self.head_pending {
+            if let Some(rbuf) = self.rbuf.as_mut() {
+                rbuf.consume(len);
+            }
+            self.head_pending = false;
+        }
+    }
+}
+
+/// The peer IP as text, formatted once per connection.
+#[derive(Debug, Clone, Copy)]
+struct PeerText {
+    bytes: [u8; 48],
+    len: u8,
+}
+
+impl PeerText {
+    fn new(ip: IpAddr) -> Self {
+        use std::io::Write;
+        let mut bytes = [0u8; 48];
+        let mut cursor = &mut bytes[..];
+        let _ = write!(cursor, "{ip}");
+        let len = 48 - cursor.len();
+        PeerText {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+/// What the rest of the exchange needs to know about the request once its head bytes are
+/// gone from the buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct ReqInfo {
+    /// Method.
+    pub method: Method,
+    /// Client's HTTP version.
+    pub version: Version,
+    /// Client allows persistence.
+    pub keep_alive: bool,
+    /// Body framing.
+    pub framing: BodyFraming,
+    /// Client waits for `100 Continue` before sending the body.
+    pub expect_continue: bool,
+    /// Request id.
+    pub rid: RequestId,
+}
+
+struct ConnGuard(Rc<Worker>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.connection_closed();
+    }
+}
+
+/// Serves one client connection until it closes.
+pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
+    w.connection_opened();
+    let _guard = ConnGuard(w.clone());
+    let _ = stream.set_nodelay(true);
+    let peer_ip = peer.ip().to_canonical();
+    let mut conn = ClientConn {
+        stream,
+        rbuf: Some(w.pool.take()),
+        head: RequestHead::default(),
+        resp: ResponseHead::default(),
+        peer_text: PeerText::new(peer_ip),
+        trusted_peer: w
+            .gen
+            .gateway
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(&peer_ip)),
+        accepted: Instant::now(),
+        linger: false,
+        head_pending: false,
+    };
+    let mut first = true;
+    loop {
+        match read_head(&w, &mut conn, first).await {
+            HeadRead::Ready => {}
+            HeadRead::Closed => break,
+            HeadRead::Rejected(kind) => {
+                let rid = w.ids.next();
+                tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
+                respond::error(&w, &mut conn.stream, kind, None, &rid, true).await;
+                conn.linger = true;
+                break;
+            }
+        }
+        first = false;
+        let keep = dispatch(&w, &mut conn).await;
+        if !keep || w.draining() {
+            break;
+        }
+    }
+    if conn.linger {
+        linger_close(&w, conn).await;
+    }
+}
+
+enum HeadRead {
+    Ready,
+    Closed,
+    Rejected(ErrorKind),
+}
+
+/// Reads until a complete request head is buffered (pipelined bytes first).
+async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
+    let http = &w.gen.http;
+    let mut head_deadline = first.then(|| conn.accepted + http.header_timeout);
+    loop {
+        let Some(mut rbuf) = conn.rbuf.take() else {
+            return HeadRead::Closed;
+        };
+        if !rbuf.is_empty() {
+            match parse_request(rbuf.data(), &http.limits, &mut conn.head) {
+                Ok(Some(_)) => {
+                    conn.rbuf = Some(rbuf);
+                    conn.head_pending = true;
+                    return HeadRead::Ready;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "invalid request head");
+                    conn.rbuf = Some(rbuf);
+                    return HeadRead::Rejected(e.into());
+                }
+            }
+            if head_deadline.is_none() {
+                head_deadline = Some(Instant::now() + http.header_timeout);
+            }
+        }
+        if rbuf.spare() == 0 {
+            rbuf.compact();
+            if rbuf.spare() == 0 {
+                conn.rbuf = Some(rbuf);
+                return HeadRead::Rejected(ErrorKind::HeadTooLarge);
+            }
+        }
+        let partial = !rbuf.is_empty();
+        let (res, buf) = match head_deadline {
+            Some(deadline) if partial => read_by(&mut conn.stream, rbuf, deadline, &w.pool).await,
+            _ => {
+                // Waiting for a request to start: an idle connection, closed on shutdown.
+                if w.draining() {
+                    return HeadRead::Closed;
+                }
+                let deadline = head_deadline.unwrap_or_else(|| Instant::now() + http.idle_timeout);
+                match or_event(
+                    &w.shutdown,
+                    read_by(&mut conn.stream, rbuf, deadline, &w.pool),
+                )
+                .await
+                {
+                    Some(r) => r,
+                    None => return HeadRead::Closed,
+                }
+            }
+        };
+        conn.rbuf = Some(buf);
+        match res {
+            Ok(0) => return HeadRead::Closed,
+            Ok(n) => add(&w.metrics().bytes_in, n as u64),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut && partial => {
+                return HeadRead::Rejected(ErrorKind::RequestTimeout)
+            }
+            Err(_) => return HeadRead::Closed,
+        }
+    }
+}
+
+/// Handles one parsed request; returns whether the connection may serve another.
+async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
+    let Some(rbuf) = conn.rbuf.as_ref() else {
+        return false;
+    };
+    let src = rbuf.data();
+    let head = &conn.head;
+    let rid = head
+        .find(HeaderKind::XRequestId)
+        .and_then(|h| RequestId::from_inbound(h.value.get(src)))
+        .unwrap_or_else(|| w.ids.next());
+    let info = ReqInfo {
+        method: head.method,
+        version: head.version,
+        keep_alive: head.keep_alive,
+        framing: head.framing,
+        expect_continue: head.expect_continue,
+        rid,
+    };
+    let path = match (head.form, head.path.len) {
+        (TargetForm::Absolute, 0) => &b"/"[..],
+        _ => head.path.get(src),
+    };
+
+    if let Some(endpoint) = reserved::match_path(path) {
+        let head_len = head.len;
+        return reserved::answer(w, conn, endpoint, &info, head_len).await;
+    }
+
+    let host = head.host.get(src);
+    let head_len = head.len;
+    let Some(route) = w.gen.routes.lookup(host, path) else {
+        tracing::debug!(request_id = %rid.as_str(), "no route");
+        return answer_local(w, conn, &info, head_len, Answer::Error(ErrorKind::NoRoute)).await;
+    };
+    match &route.action {
+        Action::Respond(local) => {
+            let mut fields: [(&[u8], &[u8]); MAX_LOCAL_HEADERS] = [(&[], &[]); MAX_LOCAL_HEADERS];
+            let n = local.headers.len().min(MAX_LOCAL_HEADERS);
+            for (slot, (k, v)) in fields.iter_mut().zip(local.headers.iter()) {
+                *slot = (k.as_bytes(), v.as_bytes());
+            }
+            let resp = respond::Local {
+                status: local.status,
+                content_type: None,
+                headers: &fields[..n],
+                body: &local.body,
+            };
+            answer_local(w, conn, &info, head_len, Answer::Local(resp)).await
+        }
+        Action::Proxy {
+            upstream,
+            strip_prefix,
+            preserve_host,
+        } => {
+            forward::proxy(
+                w,
+                conn,
+                &info,
+                *upstream,
+                strip_prefix.as_deref(),
+                *preserve_host,
+            )
+            .await
+        }
+    }
+}
+
+/// Most header fields a configured `respond` action may set (checked at compile time).
+pub const MAX_LOCAL_HEADERS: usize = 32;
+
+/// A response ringway writes itself.
+#[derive(Debug)]
+enum Answer<'a> {
+    /// The error envelope.
+    Error(ErrorKind),
+    /// A ready response.
+    Local(respond::Local<'a>),
+}
+
+/// Answers a request locally, then reads and discards its body (bounded) so the connection can
+/// go on; closes it when the body is too large to discard or the client waits for 100-continue.
+async fn answer_local(
+    w: &Worker,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    head_len: usize,
+    answer: Answer<'_>,
+) -> bool {
+    conn.consume_head(head_len);
+    let discardable = match info.framing {
+        BodyFraming::None | BodyFraming::Length(0) => true,
+        BodyFraming::Length(n) => n <= DISCARD_MAX_BYTES && !info.expect_continue,
+        BodyFraming::Chunked => !info.expect_continue,
+        BodyFraming::UntilClose => false,
+    };
+    let mut keep = info.keep_alive && discardable && !w.draining();
+    if let Answer::Error(kind) = answer {
+        keep &= !kind.closes_downstream();
+    }
+    let sent = match answer {
+        Answer::Error(kind) => {
+            respond::error(w, &mut conn.stream, kind, Some(info), &info.rid, !keep).await
+        }
+        Answer::Local(resp) => {
+            respond::send(w, &mut conn.stream, resp, Some(info), &info.rid, !keep).await
+        }
+    };
+    if !sent {
+        return false;
+    }
+    if !keep {
+        conn.linger = info.framing.has_body();
+        return false;
+    }
+    if discard_body(w, conn, info.framing).await {
+        true
+    } else {
+        conn.linger = true;
+        false
+    }
+}
+
+/// Reads and drops a request body of at most [`DISCARD_MAX_BYTES`].
+async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -> bool {
+    let mut remaining = match framing {
+        BodyFraming::None => return true,
+        BodyFraming::Length(n) => n,
+        BodyFraming::Chunked => u64::MAX,
+        BodyFraming::UntilClose => return false,
+    };
+    let mut decoder = ChunkedDecoder::new();
+    let mut total = 0u64;
+    loop {
+        let Some(mut rbuf) = conn.rbuf.take() else {
+            return false;
+        };
+        if rbuf.is_empty() {
+            let deadline = Instant::now() + w.gen.http.body_timeout;
+            if remaining != u64::MAX {
+                rbuf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
+            }
+            let (res, buf) = read_by(&mut conn.stream, rbuf, deadline, &w.pool).await;
+            rbuf = buf;
+            match res {
+                Ok(0) | Err(_) => {
+                    conn.rbuf = Some(rbuf);
+                    return false;
+                }
+                Ok(n) => add(&w.metrics().bytes_in, n as u64),
+            }
+        }
+        let consumed = if framing == BodyFraming::Chunked {
+            let data = rbuf.data();
+            let mut used = 0;
+            while used < data.len() && !decoder.is_done() {
+                match decoder.step(&data[used..]) {
+                    Ok(Step::Data(n) | Step::Framing(n) | Step::Done(n)) => used += n,
+                    Err(_) => {
+                        conn.rbuf = Some(rbuf);
+                        return false;
+                    }
+                }
+            }
+            used
+        } else {
+            let n = (rbuf.len() as u64).min(remaining) as usize;
+            remaining -= n as u64;
+            n
+        };
+        rbuf.consume(consumed);
+        total += consumed as u64;
+        conn.rbuf = Some(rbuf);
+        let done = if framing == BodyFraming::Chunked {
+            decoder.is_done()
+        } else {
+            remaining == 0
+        };
+        if done {
+            return true;
+        }
+        if total > DISCARD_MAX_BYTES {
+            return false;
+        }
+    }
+}
+
+/// Half-closes, then reads and drops what the client still sends for a short while, so that the
+/// response written last is not lost to a reset.
+async fn linger_close(w: &Worker, mut conn: ClientConn) {
+    let _ = conn.stream.shutdown().await;
+    let deadline = Instant::now() + LINGER_TIME;
+    let mut buf = conn.rbuf.take().unwrap_or_else(|| w.pool.take());
+    let mut total = 0;
+    while total < LINGER_MAX_BYTES {
+        buf.clear();
+        let (res, b) = read_by(&mut conn.stream, buf, deadline, &w.pool).await;
+        buf = b;
+        match res {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+}

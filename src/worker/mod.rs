@@ -1,0 +1,114 @@
+//! Workers: one thread per core, pinned, each running its own monoio runtime with its own
+//! listener sockets, pools and state. Nothing is shared between workers but `shared.rs`.
+//!
+//! Lifecycle of a worker: build the runtime → register its listener sockets → accept loops and
+//! a tick task run → on drain: stop accepting (serving what the kernel already queued),
+//! close idle connections, let in-flight requests finish until `shutdown_timeout` → return.
+
+pub mod ctx;
+pub mod event;
+pub mod runtime;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monoio::net::TcpListener;
+
+pub use ctx::Worker;
+use event::or_event;
+
+use crate::config::Generation;
+use crate::shared::Shared;
+
+/// How often a worker runs its housekeeping tick.
+pub const TICK: Duration = Duration::from_millis(25);
+
+/// Longest a draining accept loop waits for more already-queued connections.
+const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(2);
+
+/// Pause after an accept error (EMFILE, ENFILE, ...) before trying again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(20);
+
+/// The body of a worker thread once its runtime is built: serves until drained.
+pub async fn serve(
+    id: usize,
+    shared: Arc<Shared>,
+    gen: Arc<Generation>,
+    sockets: Vec<std::net::TcpListener>,
+    ready: impl FnOnce(Result<(), String>),
+) {
+    let w = Rc::new(Worker::new(id, shared, gen));
+    let mut listeners = Vec::with_capacity(sockets.len());
+    for s in sockets {
+        match TcpListener::from_std(s) {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                ready(Err(format!("worker {id}: cannot register a listener: {e}")));
+                return;
+            }
+        }
+    }
+    ready(Ok(()));
+    let accepts: Vec<_> = listeners
+        .into_iter()
+        .map(|l| monoio::spawn(accept_loop(w.clone(), l)))
+        .collect();
+
+    while !w.draining() {
+        monoio::time::sleep(TICK).await;
+        w.tick();
+    }
+    for a in accepts {
+        a.await;
+    }
+    let deadline = Instant::now() + w.gen.shutdown_timeout;
+    while w.active_connections() > 0 && Instant::now() < deadline {
+        monoio::time::sleep(TICK).await;
+        w.tick();
+    }
+    if w.active_connections() > 0 {
+        tracing::warn!(
+            worker = id,
+            connections = w.active_connections(),
+            "shutdown timeout reached; closing connections still in flight"
+        );
+    }
+}
+
+async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
+    let mut last_error_log: Option<Instant> = None;
+    loop {
+        while w.at_capacity() && !w.draining() {
+            if or_event(&w.shutdown, w.slots.wait()).await.is_none() {
+                break;
+            }
+        }
+        if w.draining() {
+            break;
+        }
+        match or_event(&w.shutdown, listener.accept()).await {
+            None => break,
+            Some(Ok((stream, peer))) => spawn_connection(&w, stream, peer),
+            Some(Err(e)) => {
+                if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                    tracing::warn!(worker = w.id, error = %e, "accept failed");
+                    last_error_log = Some(Instant::now());
+                }
+                monoio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+    // Connections the kernel already queued on this socket would be reset when it closes:
+    // take them and answer their first request (with `Connection: close`).
+    while let Ok(Ok((stream, peer))) =
+        monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
+    {
+        spawn_connection(&w, stream, peer);
+    }
+}
+
+fn spawn_connection(w: &Rc<Worker>, stream: monoio::net::TcpStream, peer: SocketAddr) {
+    monoio::spawn(crate::proxy::serve_connection(w.clone(), stream, peer));
+}
