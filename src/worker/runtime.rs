@@ -19,7 +19,20 @@ pub const RING_ENTRIES: u32 = 4096;
 pub type Runtime = monoio::FusionRuntime<TimeDriver<IoUringDriver>, TimeDriver<LegacyDriver>>;
 
 /// Decides the driver for every worker of this process.
+///
+/// The probe runs on a short-lived thread of its own: tearing a ring down queues task work on
+/// the thread that created it, which interrupts that thread's blocking calls (`EINTR` on a
+/// socket with a receive timeout); the caller must not be that thread.
 pub fn choose_driver() -> DriverKind {
+    std::thread::Builder::new()
+        .name("ringway-probe".into())
+        .spawn(probe_driver)
+        .ok()
+        .and_then(|h| h.join().ok())
+        .unwrap_or(DriverKind::Epoll)
+}
+
+fn probe_driver() -> DriverKind {
     if !monoio::utils::detect_uring() {
         return DriverKind::Epoll;
     }
