@@ -16,7 +16,7 @@ use super::{
 };
 use crate::http1::head::valid_host;
 use crate::http1::{is_tchar, HeadLimits, HeaderKind, MAX_HEADERS_HARD_LIMIT};
-use crate::route::{Action, LocalResponse, Route, RouteTable};
+use crate::route::{Action, LocalResponse, Route, RouteTable, MAX_LOCAL_HEADERS};
 
 /// Most workers a config may ask for.
 pub(super) const MAX_WORKERS: usize = 1024;
@@ -448,6 +448,15 @@ fn compile_respond(
     let status = *r.status.get_ref();
     if !(200..=599).contains(&status) {
         return Err(ctx.error(r.status.span(), "respond.status must be from 200 to 599"));
+    }
+    if r.headers.len() > MAX_LOCAL_HEADERS {
+        return Err(ctx.error(
+            resp.span(),
+            format!(
+                "respond sets {} headers; at most {MAX_LOCAL_HEADERS}",
+                r.headers.len()
+            ),
+        ));
     }
     let mut headers = Vec::new();
     for (name, value) in &r.headers {

@@ -157,7 +157,9 @@ pub fn parse_request(
             check_request_line(buf, limits)?;
             return Err(match e {
                 httparse::Error::TooManyHeaders => ParseError::TooManyHeaders,
-                httparse::Error::Version => ParseError::UnsupportedVersion,
+                httparse::Error::Version if names_other_http_version(buf) => {
+                    ParseError::UnsupportedVersion
+                }
                 httparse::Error::HeaderName => ParseError::Malformed("invalid header name"),
                 httparse::Error::HeaderValue => ParseError::Malformed("invalid header value"),
                 httparse::Error::NewLine => ParseError::Malformed("invalid line ending"),
@@ -312,6 +314,25 @@ pub fn parse_request(
         Version::Http10 => conn_keep_alive && !conn_close,
     };
     Ok(Some(len))
+}
+
+/// Whether the request line ends in a well-formed `HTTP/x.y` (so a version error means an
+/// unsupported version rather than a malformed line).
+fn names_other_http_version(buf: &[u8]) -> bool {
+    let mut rest = buf;
+    while let [b'\r' | b'\n', tail @ ..] = rest {
+        rest = tail;
+    }
+    let line_end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+    let line = rest[..line_end]
+        .strip_suffix(b"\r")
+        .unwrap_or(&rest[..line_end]);
+    let parts: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    matches!(parts.as_slice(), [_, _, v] if v.len() == 8
+        && v.starts_with(b"HTTP/")
+        && v[5].is_ascii_digit()
+        && v[6] == b'.'
+        && v[7].is_ascii_digit())
 }
 
 /// 414 when the request line (after any leading empty lines) is longer than allowed.
@@ -740,6 +761,10 @@ mod tests {
             parse(b"GET / HTTP/2.0\r\nHost: a\r\n\r\n"),
             Err(ParseError::UnsupportedVersion)
         );
+        assert!(matches!(
+            parse(b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(ParseError::Malformed(_))
+        ));
         let h = parsed(
             b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\n",
         );

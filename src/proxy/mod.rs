@@ -30,7 +30,7 @@ use crate::http1::{
 };
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
-use crate::route::Action;
+use crate::route::{Action, MAX_LOCAL_HEADERS};
 use crate::worker::event::or_event;
 use crate::worker::Worker;
 use io::read_by;
@@ -311,9 +311,6 @@ async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
         }
     }
 }
-
-/// Most header fields a configured `respond` action may set (checked at compile time).
-pub const MAX_LOCAL_HEADERS: usize = 32;
 
 /// A response ringway writes itself.
 #[derive(Debug)]

@@ -44,7 +44,7 @@ pub(super) async fn answer(
             };
             answer_local(w, conn, info, head_len, Answer::Local(resp)).await
         }
-        Reserved::Readyz if w.draining() => {
+        Reserved::Readyz if w.shared.is_draining() => {
             answer_local(
                 w,
                 conn,

@@ -12,6 +12,9 @@ use std::fmt;
 
 use crate::http1::head::split_host_port;
 
+/// Most header fields a configured `respond` action may set (checked at compile time).
+pub const MAX_LOCAL_HEADERS: usize = 32;
+
 /// A response defined in config, answered by ringway itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalResponse {

@@ -1,0 +1,396 @@
+//! HTTP/1.1 proxying over real loopback sockets: persistence, pipelining, bodies in both
+//! directions, forwarded headers, hop-by-hop stripping and the local answers.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+#[test]
+fn keep_alive_reuses_one_upstream_connection() {
+    let origin = Origin::ok("hello");
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    for _ in 0..10 {
+        let r = c.get("/x");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"hello");
+    }
+    assert_eq!(origin.requests().len(), 10);
+    assert_eq!(
+        origin.connection_count(),
+        1,
+        "one upstream connection for 10 requests"
+    );
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let origin = Origin::start(|req| Reply::text(200, &req.target));
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(
+        b"GET /one HTTP/1.1\r\nHost: a\r\n\r\nGET /two HTTP/1.1\r\nHost: a\r\n\r\n\
+          POST /three HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /four HTTP/1.1\r\nHost: a\r\n\r\n",
+    );
+    for want in ["/one", "/two", "/three", "/four"] {
+        let r = c.read_response(false).expect("response");
+        assert_eq!(r.text(), want);
+    }
+    assert_eq!(origin.requests()[2].body, b"abc");
+}
+
+#[test]
+fn chunked_bodies_both_ways() {
+    let origin = Origin::start(|req| {
+        Reply::Full(
+            200,
+            vec![("transfer-encoding".into(), "chunked".into())],
+            req.body.iter().rev().copied().collect(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r.body, b"dlrow olleh");
+    let seen = origin.last();
+    assert!(seen.chunked);
+    assert_eq!(seen.body, b"hello world");
+    // The connection goes on.
+    assert_eq!(c.get("/again").status, 200);
+}
+
+#[test]
+fn ten_mib_upload_and_download_are_intact() {
+    const SIZE: usize = 10 * 1024 * 1024;
+    let download = pattern(SIZE, 7);
+    let expected = fnv(&download);
+    let origin = Origin::start(move |req| {
+        if req.method == "POST" {
+            Reply::text(200, &format!("{}:{}", req.body.len(), fnv(&req.body)))
+        } else {
+            Reply::Full(200, vec![], download.clone())
+        }
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+
+    let upload = pattern(SIZE, 9);
+    c.send(format!("POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {SIZE}\r\n\r\n").as_bytes());
+    c.send(&upload);
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.text(), format!("{SIZE}:{}", fnv(&upload)));
+
+    let r = c.get("/down");
+    assert_eq!(r.body.len(), SIZE);
+    assert_eq!(fnv(&r.body), expected);
+
+    // Chunked upload of the same size.
+    c.send(b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for piece in upload.chunks(100_000) {
+        c.send(format!("{:x}\r\n", piece.len()).as_bytes());
+        c.send(piece);
+        c.send(b"\r\n");
+    }
+    c.send(b"0\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.text(), format!("{SIZE}:{}", fnv(&upload)));
+}
+
+#[test]
+fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    assert_eq!(seen.headers_named("x-forwarded-for"), vec!["127.0.0.1"]);
+    assert_eq!(seen.headers_named("x-real-ip"), vec!["127.0.0.1"]);
+    assert_eq!(seen.headers_named("x-forwarded-proto"), vec!["http"]);
+}
+
+#[test]
+fn forwarded_headers_from_a_trusted_peer_are_appended() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(
+        origin.addr,
+        "[gateway]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
+    );
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1, 2.2.2.2\r\nX-Forwarded-For: 3.3.3.3\r\nX-Real-IP: 9.9.9.9\r\nX-Forwarded-Proto: https\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    assert_eq!(
+        seen.headers_named("x-forwarded-for"),
+        vec!["1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1"]
+    );
+    assert_eq!(seen.headers_named("x-real-ip"), vec!["127.0.0.1"]);
+    assert_eq!(seen.headers_named("x-forwarded-proto"), vec!["https"]);
+
+    // Without an inbound chain, the chain is the peer.
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    c.read_response(false).unwrap();
+    assert_eq!(
+        origin.last().headers_named("x-forwarded-for"),
+        vec!["127.0.0.1"]
+    );
+    assert_eq!(
+        origin.last().headers_named("x-forwarded-proto"),
+        vec!["http"]
+    );
+}
+
+#[test]
+fn request_id_is_kept_when_valid_and_generated_otherwise() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: my-id-1\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.header("x-request-id"), Some("my-id-1"));
+    assert_eq!(origin.last().header("x-request-id"), Some("my-id-1"));
+
+    let long = "x".repeat(129);
+    c.send(format!("GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: {long}\r\n\r\n").as_bytes());
+    let r = c.read_response(false).unwrap();
+    let id = r.header("x-request-id").unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    assert_eq!(
+        origin.last().headers_named("x-request-id"),
+        vec![id.as_str()]
+    );
+}
+
+#[test]
+fn hop_by_hop_fields_are_stripped_both_ways() {
+    let origin = Origin::start(|_| {
+        Reply::Full(
+            200,
+            vec![
+                ("Connection".into(), "X-Up-Secret, keep-alive".into()),
+                ("X-Up-Secret".into(), "1".into()),
+                ("Keep-Alive".into(), "timeout=5".into()),
+                ("Proxy-Connection".into(), "x".into()),
+                ("Upgrade".into(), "h2c".into()),
+                ("X-Kept".into(), "yes".into()),
+            ],
+            b"ok".to_vec(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: 300\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Connection: keep-alive\r\nX-Fine: 1\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    for gone in [
+        "connection",
+        "x-up-secret",
+        "keep-alive",
+        "proxy-connection",
+        "upgrade",
+    ] {
+        assert_eq!(r.header(gone), None, "response kept {gone}");
+    }
+    assert_eq!(r.header("x-kept"), Some("yes"));
+    let seen = origin.last();
+    for gone in [
+        "connection",
+        "x-secret",
+        "keep-alive",
+        "te",
+        "upgrade",
+        "proxy-connection",
+    ] {
+        assert_eq!(seen.header(gone), None, "request kept {gone}");
+    }
+    assert_eq!(seen.header("x-fine"), Some("1"));
+}
+
+#[test]
+fn host_is_the_upstream_authority_unless_preserved() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{0}\"]\n\
+         [[routes]]\npath_prefix = \"/keep/\"\nproxy = \"up\"\npreserve_host = true\n\
+         [[routes]]\npath_prefix = \"/api/\"\nproxy = \"up\"\nstrip_prefix = \"/api\"\n",
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    c.send(b"GET /api/v1/x?q=1 HTTP/1.1\r\nHost: public.example\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    assert_eq!(seen.header("host"), Some(origin.addr.to_string().as_str()));
+    assert_eq!(seen.target, "/v1/x?q=1");
+
+    c.send(b"GET /keep/y HTTP/1.1\r\nHost: public.example\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    assert_eq!(seen.header("host"), Some("public.example"));
+    assert_eq!(seen.target, "/keep/y");
+}
+
+#[test]
+fn absolute_form_target_is_sent_in_origin_form() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{0}\"]\n\
+         [[routes]]\nhost = \"example.com\"\npath_prefix = \"/\"\nproxy = \"up\"\npreserve_host = true\n",
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    c.send(b"GET http://Example.com:8080/p?x HTTP/1.1\r\nHost: ignored.example\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = origin.last();
+    assert_eq!(seen.target, "/p?x");
+    assert_eq!(seen.header("host"), Some("Example.com:8080"));
+}
+
+#[test]
+fn http10_clients_get_close_unless_keep_alive_and_no_chunked() {
+    let origin = Origin::start(|req| {
+        if req.target == "/chunked" {
+            Reply::Full(
+                200,
+                vec![("transfer-encoding".into(), "chunked".into())],
+                b"chunky body".to_vec(),
+            )
+        } else {
+            Reply::text(200, "plain")
+        }
+    });
+    let proxy = Proxy::to(origin.addr, "");
+
+    let mut c = proxy.connect();
+    c.send(b"GET /x HTTP/1.0\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.body, b"plain");
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.is_closed(Duration::from_secs(2)));
+
+    let mut c = proxy.connect();
+    c.send(b"GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.header("connection"), Some("keep-alive"));
+    c.send(b"GET /chunked HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(
+        r.header("transfer-encoding"),
+        None,
+        "no chunked to HTTP/1.0"
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(r.body, b"chunky body");
+    // The upstream side is HTTP/1.1 all the same.
+    assert_eq!(origin.last().version, 1);
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_the_body() {
+    let origin = Origin::start(|req| Reply::text(200, &String::from_utf8_lossy(&req.body)));
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"PUT /u HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+    let interim = c.read_response(false).unwrap();
+    assert_eq!(interim.status, 100);
+    c.send(b"hello");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"hello");
+    assert_eq!(origin.last().header("expect"), None);
+}
+
+#[test]
+fn head_and_bodiless_responses_carry_no_body() {
+    let origin = Origin::start(|req| match req.target.as_str() {
+        "/204" => Reply::Full(204, vec![], vec![]),
+        "/304" => Reply::Full(304, vec![], vec![]),
+        _ => Reply::text(200, "twelve bytes"),
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n");
+    let r = c.read_response(true).unwrap();
+    assert_eq!(r.header("content-length"), Some("12"));
+    assert!(r.body.is_empty());
+    assert_eq!(c.get("/204").status, 204);
+    assert_eq!(c.get("/304").status, 304);
+    // Nothing stray was left on the connection: the next response parses.
+    assert_eq!(c.get("/x").body, b"twelve bytes");
+}
+
+#[test]
+fn respond_routes_and_reserved_paths() {
+    let proxy = Proxy::start(
+        "[[routes]]\npath_prefix = \"/hi\"\nrespond = { status = 201, body = \"hello\", headers = { \"x-a\" = \"b\" } }\n",
+    );
+    let mut c = proxy.connect();
+    let r = c.get("/hi");
+    assert_eq!(
+        (r.status, r.text().as_str(), r.header("x-a")),
+        (201, "hello", Some("b"))
+    );
+    assert!(r.header("date").is_some());
+    assert!(r.header("x-request-id").is_some());
+    let r = c.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "{\"status\":\"ok\"}"));
+    let r = c.get("/readyz");
+    assert_eq!(r.status, 200);
+    // A respond route consumes a small body and keeps the connection.
+    c.send(b"POST /hi HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nbody");
+    assert_eq!(c.read_response(false).unwrap().status, 201);
+    c.send(
+        b"POST /hi HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    );
+    assert_eq!(c.read_response(false).unwrap().status, 201);
+    assert_eq!(c.get("/hi").status, 201);
+
+    let m = metrics(proxy.addr);
+    assert!(m["ringway_responses_total{class=\"2xx\"}"] >= 6.0, "{m:?}");
+    assert!(m["ringway_connections_active"] >= 1.0);
+}
+
+#[test]
+fn metrics_count_pool_hits_and_connects() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    for _ in 0..5 {
+        c.get("/");
+    }
+    let m = metrics(proxy.addr);
+    assert_eq!(m["ringway_upstream_connects_total"], 1.0, "{m:?}");
+    assert!(m["ringway_upstream_pool_hits_total"] >= 4.0);
+    assert!(m["ringway_client_bytes_received_total"] > 0.0);
+    assert!(m["ringway_client_bytes_sent_total"] > 0.0);
+}
+
+#[test]
+fn driver_matches_the_environment() {
+    let proxy = Proxy::start("");
+    let m = metrics(proxy.addr);
+    let forced = std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+    let driver = if forced || !monoio_uring_available() {
+        "epoll"
+    } else {
+        "io_uring"
+    };
+    let key = format!(
+        "ringway_info{{version=\"{}\",driver=\"{driver}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(m.get(&key), Some(&1.0), "{m:?}");
+}
+
+fn monoio_uring_available() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|v| v.trim() == "0")
+        .unwrap_or(true)
+}

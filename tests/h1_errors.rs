@@ -1,0 +1,329 @@
+//! Each error class, as a client sees it: status, the JSON envelope, and what happens to the
+//! connection. Upstream failures come from origins written to fail in one specific way.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn envelope_ok(r: &Response, status: u16, code: &str) {
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.error_code().as_deref(), Some(code), "{}", r.text());
+    let rid = r.header("x-request-id").expect("x-request-id");
+    assert!(
+        r.text().contains(&format!("\"request_id\":\"{rid}\"")),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn malformed_request_is_400_and_closes() {
+    let proxy = Proxy::start("");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    envelope_ok(&r, 400, "bad_request");
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.is_closed(Duration::from_secs(3)));
+}
+
+#[test]
+fn no_route_is_404_and_keeps_the_connection() {
+    let proxy = Proxy::start("[[routes]]\npath_prefix = \"/only/\"\nrespond = { status = 200 }\n");
+    let mut c = proxy.connect();
+    let r = c.get("/elsewhere");
+    envelope_ok(&r, 404, "no_route");
+    assert_eq!(c.get("/only/x").status, 200);
+}
+
+#[test]
+fn long_request_line_is_414() {
+    let proxy = Proxy::start("[http]\nmax_request_line_bytes = 1024\n");
+    let mut c = proxy.connect();
+    let path = "a".repeat(2000);
+    c.send(format!("GET /{path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+    envelope_ok(&c.read_response(false).unwrap(), 414, "uri_too_long");
+}
+
+#[test]
+fn large_head_and_many_headers_are_431() {
+    let proxy = Proxy::start("[http]\nmax_head_bytes = 4096\nmax_headers = 10\n");
+    let mut c = proxy.connect();
+    let big = "b".repeat(5000);
+    c.send(format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\n\r\n").as_bytes());
+    envelope_ok(&c.read_response(false).unwrap(), 431, "headers_too_large");
+
+    let mut c = proxy.connect();
+    let mut req = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+    for i in 0..11 {
+        req.push_str(&format!("X-{i}: v\r\n"));
+    }
+    req.push_str("\r\n");
+    c.send(req.as_bytes());
+    envelope_ok(&c.read_response(false).unwrap(), 431, "headers_too_large");
+}
+
+#[test]
+fn body_over_the_limit_is_413() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "[http]\nmax_request_body_bytes = 1000\n");
+    // Declared too large: refused before reading.
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1001\r\n\r\n");
+    envelope_ok(&c.read_response(false).unwrap(), 413, "body_too_large");
+    // Chunked: stopped at the limit.
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let chunk = vec![b'z'; 600];
+    for _ in 0..2 {
+        c.send(b"258\r\n");
+        c.send(&chunk);
+        c.send(b"\r\n");
+    }
+    envelope_ok(&c.read_response(false).unwrap(), 413, "body_too_large");
+    assert!(
+        origin.requests().is_empty(),
+        "no complete request reached the origin"
+    );
+    // Within the limit: fine.
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n");
+    c.send(&[b'y'; 1000]);
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+}
+
+#[test]
+fn refused_upstream_is_502() {
+    let proxy = Proxy::to(closed_port(), "");
+    let mut c = proxy.connect();
+    let r = c.get("/");
+    envelope_ok(&r, 502, "upstream_unreachable");
+    assert!(
+        !r.text().contains("127.0.0.1"),
+        "no upstream detail leaks: {}",
+        r.text()
+    );
+    // The client connection survives an upstream failure.
+    envelope_ok(&c.get("/"), 502, "upstream_unreachable");
+}
+
+#[test]
+fn second_endpoint_is_tried_when_the_first_refuses() {
+    let origin = Origin::ok("alive");
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\", \"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        closed_port(),
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    for _ in 0..4 {
+        assert_eq!(c.get("/").body, b"alive");
+    }
+}
+
+#[test]
+fn invalid_upstream_responses_are_502() {
+    for (name, bytes) in [
+        ("bad status line", &b"HTTP/1.1 2x0 OK\r\n\r\n"[..]),
+        (
+            "cl and te",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        (
+            "differing cl",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        ),
+        (
+            "obs-fold",
+            b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+        ),
+        ("not http", b"SSH-2.0-OpenSSH_9.0\r\n\r\n"),
+        (
+            "gzip coding",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx",
+        ),
+        (
+            "unexpected 101",
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+        ),
+    ] {
+        let origin = Origin::start(move |_| Reply::RawClose(bytes.to_vec()));
+        let proxy = Proxy::to(origin.addr, "");
+        let mut c = proxy.connect();
+        let r = c.get("/");
+        assert_eq!(r.status, 502, "{name}: {}", r.text());
+        assert_eq!(
+            r.error_code().as_deref(),
+            Some("upstream_invalid_response"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn upstream_closing_without_a_response_is_502() {
+    let origin = Origin::start(|_| Reply::RawClose(Vec::new()));
+    let proxy = Proxy::to(origin.addr, "");
+    envelope_ok(&proxy.connect().get("/"), 502, "upstream_closed");
+}
+
+#[test]
+fn silent_upstream_is_504_after_the_response_timeout() {
+    let origin =
+        Origin::start(|_| Reply::Delay(Duration::from_secs(5), Box::new(Reply::text(200, "late"))));
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\nresponse_timeout = \"300ms\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    let t = Instant::now();
+    envelope_ok(&c.get("/"), 504, "upstream_timeout");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn connect_timeout_is_504() {
+    // A listener whose accept queue is full drops further SYNs, so connecting hangs.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = socket2::SockRef::from(&l);
+    sock.listen(0).unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fillers.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\nconnect_timeout = \"300ms\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let mut c = proxy.connect();
+    let r = c.get("/");
+    envelope_ok(&r, 504, "upstream_connect_timeout");
+    drop(l);
+}
+
+#[test]
+fn upstream_abort_mid_body_truncates_and_the_next_request_works() {
+    let origin = Origin::start(|req| {
+        if req.target == "/abort" {
+            let mut bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n".to_vec();
+            bytes.extend_from_slice(&[b'a'; 1000]);
+            Reply::RawClose(bytes)
+        } else {
+            Reply::text(200, "fine")
+        }
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET /abort HTTP/1.1\r\nHost: a\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = c.stream.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:.80}");
+    let body_start = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(
+        got.len() - body_start,
+        1000,
+        "body truncated, connection closed"
+    );
+    // A new connection works.
+    assert_eq!(proxy.connect().get("/next").body, b"fine");
+}
+
+#[test]
+fn slowloris_head_is_cut_off() {
+    let proxy = Proxy::start("[http]\nheader_timeout = \"500ms\"\n");
+    let mut c = proxy.connect();
+    let start = Instant::now();
+    c.send(b"GET / HTTP/1.1\r\n");
+    let mut closed = false;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(100));
+        if c.stream.write_all(b"X-A: b\r\n").is_err() {
+            closed = true;
+            break;
+        }
+    }
+    let rest = c.read_to_end();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(closed || text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "closed after {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn silent_connection_is_closed_after_the_header_timeout() {
+    let proxy = Proxy::start("[http]\nheader_timeout = \"300ms\"\n");
+    let mut c = proxy.connect();
+    let start = Instant::now();
+    assert!(c.is_closed(Duration::from_secs(3)));
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let proxy = Proxy::start("[http]\nidle_timeout = \"300ms\"\n[[routes]]\npath_prefix = \"/\"\nrespond = { status = 200 }\n");
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/").status, 200);
+    let start = Instant::now();
+    assert!(c.is_closed(Duration::from_secs(3)));
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn slow_request_body_is_408() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "[http]\nbody_timeout = \"300ms\"\n");
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc");
+    let r = c.read_response(false).unwrap();
+    envelope_ok(&r, 408, "request_timeout");
+}
+
+#[test]
+fn unsupported_method_coding_expectation_and_version() {
+    let proxy = Proxy::start("");
+    for (req, status, code) in [
+        (
+            &b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n"[..],
+            501,
+            "not_implemented",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            501,
+            "not_implemented",
+        ),
+        (
+            b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx",
+            417,
+            "expectation_failed",
+        ),
+        (
+            b"GET / HTTP/3.0\r\nHost: a\r\n\r\n",
+            505,
+            "version_not_supported",
+        ),
+    ] {
+        let mut c = proxy.connect();
+        c.send(req);
+        envelope_ok(&c.read_response(false).unwrap(), status, code);
+    }
+}

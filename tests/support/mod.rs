@@ -1,0 +1,557 @@
+//! Test support: ringway in-process on loopback, origins written here (blocking std sockets and
+//! threads, parsed with httparse, independent of ringway's own codec), and a byte-exact client.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::disallowed_methods,
+    clippy::disallowed_types
+)] // tests may block and lock
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringway::Server;
+
+/// A running ringway and its first listener's address.
+pub struct Proxy {
+    pub server: Option<Server>,
+    pub addr: SocketAddr,
+}
+
+impl Proxy {
+    /// Starts ringway with `extra` TOML plus one listener on an ephemeral loopback port and
+    /// (unless `extra` sets `workers`) 2 unpinned workers.
+    pub fn start(extra: &str) -> Proxy {
+        // Top-level keys of `extra` must come before any table: it goes first, the listener last.
+        let workers = if extra.contains("workers =") {
+            ""
+        } else {
+            "workers = 2\n"
+        };
+        let text = format!(
+            "{workers}cpus = []\nlog_level = \"warn\"\n{extra}\n[[listeners]]\naddress = \"127.0.0.1:0\"\n"
+        );
+        let gen = ringway::config::compile(&text, "test.toml").expect("test config compiles");
+        ringway::observe::log::init("warn");
+        let server = Server::start(gen).expect("ringway starts");
+        let addr = server.local_addrs()[0];
+        Proxy {
+            server: Some(server),
+            addr,
+        }
+    }
+
+    /// A proxy with one upstream `up` at `origin` and a catch-all route to it.
+    pub fn to(origin: SocketAddr, extra: &str) -> Proxy {
+        Proxy::start(&format!(
+            "{extra}\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+        ))
+    }
+
+    pub fn connect(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// Graceful shutdown, waiting for the workers.
+    pub fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+            s.join();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A parsed response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn headers_named(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The JSON error envelope's code (crude extraction, enough for tests).
+    pub fn error_code(&self) -> Option<String> {
+        let t = self.text();
+        let i = t.find("\"code\":\"")? + 8;
+        let j = t[i..].find('"')?;
+        Some(t[i..i + j].to_string())
+    }
+}
+
+/// A blocking client on one connection.
+pub struct Client {
+    pub stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect to ringway");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Client { stream, reader }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write to ringway");
+    }
+
+    /// Sends `GET path` with Host `h` on this connection and reads the response.
+    pub fn get(&mut self, path: &str) -> Response {
+        self.send(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes());
+        self.read_response(false).expect("a response")
+    }
+
+    /// Reads one response; `head_request` when it answers a HEAD. `None` if the connection
+    /// closed before a status line.
+    pub fn read_response(&mut self, head_request: bool) -> Option<Response> {
+        read_response(&mut self.reader, head_request)
+    }
+
+    /// Reads until EOF; what remains unread on the connection.
+    pub fn read_to_end(&mut self) -> Vec<u8> {
+        let mut rest = Vec::new();
+        let _ = self.reader.read_to_end(&mut rest);
+        rest
+    }
+
+    /// Whether the server closed the connection (EOF within `wait`).
+    pub fn is_closed(&mut self, wait: Duration) -> bool {
+        self.stream.set_read_timeout(Some(wait)).unwrap();
+        let mut b = [0u8; 1];
+        let closed = matches!(self.reader.read(&mut b), Ok(0))
+            || matches!(self.reader.read(&mut b), Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        closed
+    }
+}
+
+/// Reads one HTTP/1.1 response (Content-Length, chunked or until close).
+pub fn read_response<R: BufRead>(r: &mut R, head_request: bool) -> Option<Response> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        let n = r.read_until(b'\n', &mut line).ok()?;
+        if n == 0 {
+            return None;
+        }
+        let blank = line == b"\r\n";
+        head.extend_from_slice(&line);
+        if blank && head.len() > 2 {
+            break;
+        }
+    }
+    let mut hdrs = [httparse::EMPTY_HEADER; 128];
+    let mut resp = httparse::Response::new(&mut hdrs);
+    resp.parse(&head).ok()?;
+    let status = resp.code?;
+    let headers: Vec<(String, String)> = resp
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_string(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
+        .collect();
+    let find = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
+    let mut body = Vec::new();
+    if !(head_request || status == 204 || status == 304 || (100..200).contains(&status)) {
+        if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+            body = read_chunked(r)?;
+        } else if let Some(n) = find("content-length") {
+            let n: usize = n.trim().parse().ok()?;
+            body = vec![0; n];
+            r.read_exact(&mut body).ok()?;
+        } else {
+            r.read_to_end(&mut body).ok()?;
+        }
+    }
+    Some(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn read_chunked<R: BufRead>(r: &mut R) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).ok()?;
+        let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
+        if size == 0 {
+            // Trailers until the empty line.
+            loop {
+                let mut t = String::new();
+                if r.read_line(&mut t).ok()? == 0 || t == "\r\n" {
+                    return Some(body);
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        r.read_exact(&mut body[start..]).ok()?;
+        let mut crlf = [0u8; 2];
+        r.read_exact(&mut crlf).ok()?;
+    }
+}
+
+/// A request as an origin saw it.
+#[derive(Debug, Clone)]
+pub struct SeenRequest {
+    pub method: String,
+    pub target: String,
+    pub version: u8,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Which connection (0-based, in accept order) it came on.
+    pub conn: usize,
+    /// Whether the body came chunked.
+    pub chunked: bool,
+}
+
+impl SeenRequest {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn headers_named(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+/// What an origin handler answers.
+pub enum Reply {
+    /// A complete response: status, headers, body (Content-Length added unless present or
+    /// chunked is asked for with a `transfer-encoding: chunked` header).
+    Full(u16, Vec<(String, String)>, Vec<u8>),
+    /// Raw bytes written as they are, then the connection stays open for the next request.
+    Raw(Vec<u8>),
+    /// Raw bytes, then close.
+    RawClose(Vec<u8>),
+    /// Sleep, then answer.
+    Delay(Duration, Box<Reply>),
+}
+
+impl Reply {
+    pub fn text(status: u16, body: &str) -> Reply {
+        Reply::Full(status, vec![], body.as_bytes().to_vec())
+    }
+}
+
+type Handler = dyn Fn(&SeenRequest) -> Reply + Send + Sync;
+
+/// A keep-alive HTTP/1.1 origin on a loopback port.
+pub struct Origin {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<SeenRequest>>>,
+    pub connections: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Origin {
+    pub fn start(handler: impl Fn(&SeenRequest) -> Reply + Send + Sync + 'static) -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handler: Arc<Handler> = Arc::new(handler);
+        {
+            let (seen, connections, stop) = (seen.clone(), connections.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((s, _)) => {
+                            s.set_nonblocking(false).unwrap();
+                            let id = connections.fetch_add(1, Ordering::SeqCst);
+                            let (seen, handler) = (seen.clone(), handler.clone());
+                            thread::spawn(move || serve_origin_conn(s, id, seen, handler));
+                        }
+                        Err(_) => thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            });
+        }
+        Origin {
+            addr,
+            seen,
+            connections,
+            stop,
+        }
+    }
+
+    /// An origin answering 200 with `body` to everything.
+    pub fn ok(body: &'static str) -> Origin {
+        Origin::start(move |_| Reply::text(200, body))
+    }
+
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> SeenRequest {
+        self.requests()
+            .last()
+            .cloned()
+            .expect("the origin saw a request")
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn serve_origin_conn(
+    s: TcpStream,
+    id: usize,
+    seen: Arc<Mutex<Vec<SeenRequest>>>,
+    handler: Arc<Handler>,
+) {
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    while let Some(req) = read_request(&mut r, id) {
+        seen.lock().unwrap().push(req.clone());
+        let mut reply = handler(&req);
+        while let Reply::Delay(d, next) = reply {
+            thread::sleep(d);
+            reply = *next;
+        }
+        let ok = match reply {
+            Reply::Full(status, headers, body) => {
+                let mut out = format!("HTTP/1.1 {status} X\r\n").into_bytes();
+                let chunked = headers.iter().any(|(n, v)| {
+                    n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+                });
+                let has_len = headers
+                    .iter()
+                    .any(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+                for (n, v) in &headers {
+                    out.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+                }
+                let bodiless = req.method == "HEAD" || status == 204 || status == 304;
+                if !chunked && !has_len && status != 204 && status != 304 {
+                    out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+                }
+                out.extend_from_slice(b"\r\n");
+                if !bodiless {
+                    if chunked {
+                        for piece in body.chunks(7000) {
+                            out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                            out.extend_from_slice(piece);
+                            out.extend_from_slice(b"\r\n");
+                        }
+                        out.extend_from_slice(b"0\r\n\r\n");
+                    } else {
+                        out.extend_from_slice(&body);
+                    }
+                }
+                w.write_all(&out).is_ok()
+            }
+            Reply::Raw(bytes) => w.write_all(&bytes).is_ok(),
+            Reply::RawClose(bytes) => {
+                let _ = w.write_all(&bytes);
+                let _ = w.flush();
+                return;
+            }
+            Reply::Delay(..) => unreachable!(),
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// Reads one request as an origin (httparse + simple framing).
+pub fn read_request<R: BufRead>(r: &mut R, conn: usize) -> Option<SeenRequest> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if r.read_until(b'\n', &mut line).ok()? == 0 {
+            return None;
+        }
+        let blank = line == b"\r\n";
+        head.extend_from_slice(&line);
+        if blank && head.len() > 2 {
+            break;
+        }
+    }
+    let mut hdrs = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut hdrs);
+    req.parse(&head).ok()?;
+    let headers: Vec<(String, String)> = req
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_string(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
+        .collect();
+    let find = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
+    let chunked = find("transfer-encoding").is_some();
+    let body = if chunked {
+        read_chunked(r)?
+    } else if let Some(n) = find("content-length") {
+        let mut b = vec![0; n.parse().ok()?];
+        r.read_exact(&mut b).ok()?;
+        b
+    } else {
+        Vec::new()
+    };
+    Some(SeenRequest {
+        method: req.method?.to_string(),
+        target: req.path?.to_string(),
+        version: req.version?,
+        headers,
+        body,
+        conn,
+        chunked,
+    })
+}
+
+/// A raw origin: each accepted connection is handed to `f` (on its own thread).
+pub fn raw_origin(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let f = Arc::new(f);
+    thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            let f = f.clone();
+            thread::spawn(move || f(s));
+        }
+    });
+    addr
+}
+
+/// Reads a request head (through the empty line) from a raw stream.
+pub fn read_head_raw(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    head
+}
+
+/// A port on which nothing listens (bound then released).
+pub fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// FNV-1a 64: a cheap fingerprint for comparing large bodies.
+pub fn fnv(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Polls `cond` until true or `timeout`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+/// Scrapes /metrics into a name{labels} → value map.
+pub fn metrics(addr: SocketAddr) -> HashMap<String, f64> {
+    let mut c = Client::connect(addr);
+    let resp = c.get("/metrics");
+    assert_eq!(resp.status, 200);
+    resp.text()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
