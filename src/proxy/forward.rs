@@ -101,7 +101,7 @@ pub(super) async fn proxy(
     let mut attempt = 0u32;
     let mut body_sent = !has_body;
     let (mut upc, ubuf) = loop {
-        let mut upc = match up.acquire(!replayable, force_new, w.metrics()).await {
+        let mut upc = match up.acquire(force_new, w.metrics()).await {
             Ok(c) => c,
             Err(e) => {
                 conn.consume_head(head_len);

@@ -95,13 +95,16 @@ impl UpstreamRt {
         self.endpoints.borrow().iter().map(|e| e.idle.len()).sum()
     }
 
-    /// A connection for one request: a pooled one when there is one (checked for liveness
-    /// first when `need_alive`, because the request could not be replayed), else a new one,
-    /// walking the endpoints from the balancer's pick when connecting fails. `force_new`
-    /// skips the pool (the retry after a stale pooled connection).
+    /// A connection for one request: a pooled one when there is one, else a new one, walking
+    /// the endpoints from the balancer's pick when connecting fails. `force_new` skips the
+    /// pool (the retry after a stale pooled connection).
+    ///
+    /// A pooled connection is checked first (one non-blocking `MSG_PEEK`): one the upstream
+    /// closed, or one with bytes nobody asked for (a late response, a 408 written before
+    /// closing an idle connection), is dropped, so those bytes can never be read as the next
+    /// request's response.
     pub async fn acquire(
         &self,
-        need_alive: bool,
         force_new: bool,
         metrics: &WorkerMetrics,
     ) -> Result<UpConn, AcquireError> {
@@ -124,7 +127,7 @@ impl UpstreamRt {
                 if !force_new {
                     let now = Instant::now();
                     while let Some(conn) = ep.idle.pop(now, self.pool_idle_timeout) {
-                        if !need_alive || conn.idle_usable() {
+                        if conn.idle_usable() {
                             add(&metrics.pool_hits, 1);
                             return Ok(conn);
                         }

@@ -1,0 +1,195 @@
+//! Upstream keep-alive pools: reuse only after a clean exchange, stale connections detected,
+//! replay only where it is safe.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+
+/// An origin that answers each connection's first request with keep-alive, then closes the
+/// connection after `linger`, counting connections and the requests each carried.
+fn closing_origin(
+    linger: Duration,
+) -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    let conns = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (c2, s2) = (conns.clone(), seen.clone());
+    let addr = raw_origin(move |mut s: TcpStream| {
+        c2.fetch_add(1, Ordering::SeqCst);
+        let head = read_head_raw(&mut s);
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let len: usize = text
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).unwrap();
+        s2.lock()
+            .unwrap()
+            .push(text.lines().next().unwrap_or("").to_string());
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .unwrap();
+        std::thread::sleep(linger);
+        // Dropping the stream closes it: the pooled connection is now stale.
+    });
+    (addr, conns, seen)
+}
+
+#[test]
+fn a_stale_pooled_connection_is_not_used_for_a_request_with_a_body() {
+    let (addr, conns, seen) = closing_origin(Duration::from_millis(20));
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/first").status, 200);
+    std::thread::sleep(Duration::from_millis(200)); // the origin has closed its end
+    c.send(b"POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn an_idempotent_request_on_a_stale_connection_is_replayed_once() {
+    let (addr, conns, seen) = closing_origin(Duration::from_millis(20));
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    for i in 0..5 {
+        let r = c.get(&format!("/req{i}"));
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        5,
+        "each request reached the origin once"
+    );
+    assert_eq!(conns.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn connection_close_responses_are_not_pooled() {
+    let origin = Origin::start(|_| {
+        Reply::Full(
+            200,
+            vec![("connection".into(), "close".into())],
+            b"bye".to_vec(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    for _ in 0..3 {
+        let r = c.get("/");
+        assert_eq!(r.body, b"bye");
+        assert_eq!(
+            r.header("connection"),
+            None,
+            "the upstream's close is hop-by-hop"
+        );
+    }
+    assert_eq!(origin.connection_count(), 3);
+}
+
+#[test]
+fn close_delimited_responses_are_relayed_until_eof() {
+    let origin = Origin::start(|_| {
+        Reply::RawClose(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of this, until close".to_vec(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    let r = c.get("/");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(r.body, b"all of this, until close");
+}
+
+#[test]
+fn an_upstream_that_answers_before_reading_the_body_is_relayed() {
+    // The origin refuses large uploads at once and closes, without reading the body.
+    let addr = raw_origin(|mut s: TcpStream| {
+        let _ = read_head_raw(&mut s);
+        let _ = s.write_all(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope",
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let proxy = Proxy::to(addr, "");
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10000000\r\n\r\n");
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut sent = 0;
+    c.stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    while sent < 2_000_000 {
+        if c.stream.write_all(&chunk).is_err() {
+            break;
+        }
+        sent += chunk.len();
+    }
+    let r = c.read_response(false).expect("the upstream's early answer");
+    assert_eq!(r.status, 413);
+    assert_eq!(r.body, b"nope");
+    assert_eq!(r.header("connection"), Some("close"));
+}
+
+#[test]
+fn pools_are_per_endpoint_and_reused_round_robin() {
+    let a = Origin::ok("a");
+    let b = Origin::ok("b");
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\", \"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        a.addr, b.addr
+    ));
+    let mut c = proxy.connect();
+    let mut bodies = Vec::new();
+    for _ in 0..10 {
+        bodies.push(c.get("/").text());
+    }
+    assert_eq!(bodies.iter().filter(|b| *b == "a").count(), 5, "{bodies:?}");
+    assert_eq!(a.connection_count(), 1);
+    assert_eq!(b.connection_count(), 1);
+}
+
+#[test]
+fn late_stray_bytes_on_an_idle_connection_never_answer_the_next_request() {
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c2 = conns.clone();
+    let addr = raw_origin(move |mut s: TcpStream| {
+        let n = c2.fetch_add(1, Ordering::SeqCst);
+        let _ = read_head_raw(&mut s);
+        if n == 0 {
+            // Answer, then (after ringway pooled the connection) write a forged response.
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged");
+            std::thread::sleep(Duration::from_secs(2));
+        } else {
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal")
+                .unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/").body, b"ok");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(c.get("/").body, b"real");
+}
