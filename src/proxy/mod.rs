@@ -367,7 +367,7 @@ async fn answer_local(
 /// Reads and drops a request body of at most [`DISCARD_MAX_BYTES`].
 async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -> bool {
     let mut remaining = match framing {
-        BodyFraming::None => return true,
+        BodyFraming::None | BodyFraming::Length(0) => return true,
         BodyFraming::Length(n) => n,
         BodyFraming::Chunked => u64::MAX,
         BodyFraming::UntilClose => return false,
