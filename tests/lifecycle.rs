@@ -196,11 +196,15 @@ fn a_second_instance_on_the_same_port_fails_clearly() {
 
 #[test]
 fn sigterm_lets_the_in_flight_request_finish_then_exits_zero() {
-    let origin = Origin::start(|_| {
-        Reply::Delay(
-            Duration::from_millis(800),
-            Box::new(Reply::text(200, "slow but complete")),
-        )
+    let origin = Origin::start(|req| {
+        if req.target == "/slow" {
+            Reply::Delay(
+                Duration::from_millis(800),
+                Box::new(Reply::text(200, "slow but complete")),
+            )
+        } else {
+            Reply::text(200, "quick")
+        }
     });
     let listen = free_port();
     let config = temp_config(
@@ -213,12 +217,17 @@ fn sigterm_lets_the_in_flight_request_finish_then_exits_zero() {
     );
     let mut p = spawn(&["--config", config.to_str().unwrap()]);
     assert!(wait_listening(listen));
+    // A keep-alive connection between requests, and one accepted that has not sent yet.
     let mut idle = Client::connect(listen);
+    idle.send(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(idle.read_response(false).unwrap().status, 200);
+    let mut fresh = Client::connect(listen);
     let mut busy = Client::connect(listen);
     busy.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n");
-    assert!(wait_until(Duration::from_secs(5), || !origin
+    assert!(wait_until(Duration::from_secs(5), || origin
         .requests()
-        .is_empty()));
+        .len()
+        == 2));
     let t = Instant::now();
     sigterm(&p.0);
     let r = busy
@@ -231,6 +240,12 @@ fn sigterm_lets_the_in_flight_request_finish_then_exits_zero() {
         idle.is_closed(Duration::from_secs(3)),
         "idle keep-alive connection closed"
     );
+    // An accepted connection's first request is still answered (and told to close).
+    fresh.send(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n");
+    let r = fresh
+        .read_response(false)
+        .expect("the accepted connection is answered");
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
     let status = loop {
         if let Some(s) = p.0.try_wait().unwrap() {
             break s;

@@ -169,8 +169,7 @@ fn pools_are_per_endpoint_and_reused_round_robin() {
 
 #[test]
 fn late_stray_bytes_on_an_idle_connection_never_answer_the_next_request() {
-    let conns = Arc::new(AtomicUsize::new(0));
-    let c2 = conns.clone();
+    let c2 = Arc::new(AtomicUsize::new(0));
     let addr = raw_origin(move |mut s: TcpStream| {
         let n = c2.fetch_add(1, Ordering::SeqCst);
         let _ = read_head_raw(&mut s);

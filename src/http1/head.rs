@@ -146,10 +146,7 @@ pub fn parse_request(
     let len = match status {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
-            check_request_line(buf, limits)?;
-            if buf.len() >= limits.max_head_bytes {
-                return Err(ParseError::HeadTooLarge);
-            }
+            check_partial(buf, limits)?;
             return Ok(None);
         }
         Err(e) => {
@@ -314,6 +311,32 @@ pub fn parse_request(
         Version::Http10 => conn_keep_alive && !conn_close,
     };
     Ok(Some(len))
+}
+
+/// The limits that can be checked on an incomplete head: 414 for a request line already too
+/// long, 431 for a head that has reached `max_head_bytes` without ending.
+pub fn check_partial(buf: &[u8], limits: &HeadLimits) -> Result<(), ParseError> {
+    check_request_line(buf, limits)?;
+    if buf.len() >= limits.max_head_bytes {
+        return Err(ParseError::HeadTooLarge);
+    }
+    Ok(())
+}
+
+/// Whether `buf` may hold a complete head, looking only at what follows `from` (bytes before it
+/// were already looked at): a head ends with an empty line, so only a new line feed followed
+/// by `\n` or `\r\n` can complete one. Lets a reader skip re-parsing a head that grows a byte
+/// at a time.
+pub fn may_complete_head(buf: &[u8], from: usize) -> bool {
+    let start = from.saturating_sub(2).min(buf.len());
+    let mut rest = &buf[start..];
+    while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+        match &rest[i + 1..] {
+            [b'\n', ..] | [b'\r', b'\n', ..] => return true,
+            _ => rest = &rest[i + 1..],
+        }
+    }
+    false
 }
 
 /// Whether the request line ends in a well-formed `HTTP/x.y` (so a version error means an
@@ -843,6 +866,20 @@ mod tests {
     fn leading_empty_lines_are_ignored() {
         let req = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
         assert_eq!(parsed(req).method, Method::Get);
+    }
+
+    #[test]
+    fn head_end_detection() {
+        let req = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert!(may_complete_head(req, 0));
+        for cut in 0..req.len() {
+            // Until the last byte arrives, no prefix may complete a head.
+            assert!(!may_complete_head(&req[..cut], 0), "cut {cut}");
+            // Scanning from any earlier point still finds the end.
+            assert!(may_complete_head(req, cut), "from {cut}");
+        }
+        assert!(may_complete_head(b"GET / HTTP/1.0\n\n", 15));
+        assert!(!may_complete_head(b"GET / HTTP/1.1\r\nHost: a\r\n", 0));
     }
 
     #[test]

@@ -25,8 +25,8 @@ use crate::buf::Block;
 use crate::error::ErrorKind;
 use crate::http1::head::TargetForm;
 use crate::http1::{
-    parse_request, BodyFraming, ChunkedDecoder, HeaderKind, Method, RequestHead, ResponseHead,
-    Step, Version,
+    check_partial, may_complete_head, parse_request, BodyFraming, ChunkedDecoder, HeaderKind,
+    Method, RequestHead, ResponseHead, Step, Version,
 };
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
@@ -127,9 +127,9 @@ impl Drop for ConnGuard {
     }
 }
 
-/// Serves one client connection until it closes.
+/// Serves one client connection until it closes. The worker counted it open at accept
+/// (`Worker::connection_opened`); this task counts it closed when it ends.
 pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
-    w.connection_opened();
     let _guard = ConnGuard(w.clone());
     let _ = stream.set_nodelay(true);
     let peer_ip = peer.ip().to_canonical();
@@ -163,8 +163,12 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
             }
         }
         first = false;
+        let client_keep_alive = conn.head.keep_alive;
         let keep = dispatch(&w, &mut conn).await;
         if !keep || w.draining() {
+            // A client that did not ask to close may have pipelined more: read it away before
+            // closing, or the kernel answers it with a reset that can destroy our response.
+            conn.linger |= client_keep_alive || conn.rbuf.as_ref().is_some_and(|b| !b.is_empty());
             break;
         }
     }
@@ -180,30 +184,41 @@ enum HeadRead {
 }
 
 /// Reads until a complete request head is buffered (pipelined bytes first).
+///
+/// Deadlines: a connection's first request must arrive whole within `header_timeout` of the
+/// accept; later ones may wait `idle_timeout` for their first byte (and close quietly on
+/// shutdown), then get `header_timeout` for the rest. A first request is read even while
+/// draining: its connection came from the accept queue and is answered (with `close`), not reset.
 async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
     let http = &w.gen.http;
     let mut head_deadline = first.then(|| conn.accepted + http.header_timeout);
+    // Leading bytes of the buffered data already known not to end a head.
+    let mut scanned = 0;
     loop {
         let Some(mut rbuf) = conn.rbuf.take() else {
             return HeadRead::Closed;
         };
         if !rbuf.is_empty() {
-            match parse_request(rbuf.data(), &http.limits, &mut conn.head) {
+            let data = rbuf.data();
+            let parsed = if may_complete_head(data, scanned) {
+                parse_request(data, &http.limits, &mut conn.head)
+            } else {
+                check_partial(data, &http.limits).map(|()| None)
+            };
+            match parsed {
                 Ok(Some(_)) => {
                     conn.rbuf = Some(rbuf);
                     conn.head_pending = true;
                     return HeadRead::Ready;
                 }
-                Ok(None) => {}
+                Ok(None) => scanned = data.len(),
                 Err(e) => {
                     tracing::debug!(error = %e, "invalid request head");
                     conn.rbuf = Some(rbuf);
                     return HeadRead::Rejected(e.into());
                 }
             }
-            if head_deadline.is_none() {
-                head_deadline = Some(Instant::now() + http.header_timeout);
-            }
+            head_deadline.get_or_insert_with(|| Instant::now() + http.header_timeout);
         }
         if rbuf.spare() == 0 {
             rbuf.compact();
@@ -214,13 +229,13 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
         }
         let partial = !rbuf.is_empty();
         let (res, buf) = match head_deadline {
-            Some(deadline) if partial => read_by(&mut conn.stream, rbuf, deadline, &w.pool).await,
-            _ => {
-                // Waiting for a request to start: an idle connection, closed on shutdown.
+            Some(deadline) => read_by(&mut conn.stream, rbuf, deadline, &w.pool).await,
+            None => {
+                // An idle keep-alive connection: closed on shutdown.
                 if w.draining() {
                     return HeadRead::Closed;
                 }
-                let deadline = head_deadline.unwrap_or_else(|| Instant::now() + http.idle_timeout);
+                let deadline = Instant::now() + http.idle_timeout;
                 match or_event(
                     &w.shutdown,
                     read_by(&mut conn.stream, rbuf, deadline, &w.pool),

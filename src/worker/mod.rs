@@ -110,5 +110,8 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
 }
 
 fn spawn_connection(w: &Rc<Worker>, stream: monoio::net::TcpStream, peer: SocketAddr) {
+    // Counted here, not in the task, so a burst of accepts cannot overshoot the cap before
+    // the spawned tasks first run.
+    w.connection_opened();
     monoio::spawn(crate::proxy::serve_connection(w.clone(), stream, peer));
 }
