@@ -449,6 +449,12 @@ fn compile_respond(
     if !(200..=599).contains(&status) {
         return Err(ctx.error(r.status.span(), "respond.status must be from 200 to 599"));
     }
+    if (status == 204 || status == 304) && !r.body.is_empty() {
+        return Err(ctx.error(
+            r.status.span(),
+            format!("a {status} response has no body: remove `body`"),
+        ));
+    }
     if r.headers.len() > MAX_LOCAL_HEADERS {
         return Err(ctx.error(
             resp.span(),

@@ -38,7 +38,9 @@ pub async fn send(
     rid: &RequestId,
     close: bool,
 ) -> bool {
-    let head_only = req.is_some_and(|r| r.method == Method::Head);
+    // RFC 9110 §8.6, §15.3.5, §15.4.5: no body after 204 and 304, and no Content-Length on 204.
+    let bodiless = resp.status == 204 || resp.status == 304;
+    let head_only = bodiless || req.is_some_and(|r| r.method == Method::Head);
     let http10 = req.is_some_and(|r| r.version == Version::Http10);
     let mut out = w.pool.take();
     let date = w.date();
@@ -51,9 +53,11 @@ pub async fn send(
         for (name, value) in resp.headers {
             put_field(&mut out, name, value)?;
         }
-        out.put(b"content-length: ")?;
-        put_u64(&mut out, resp.body.len() as u64)?;
-        out.put(b"\r\n")?;
+        if !bodiless {
+            out.put(b"content-length: ")?;
+            put_u64(&mut out, resp.body.len() as u64)?;
+            out.put(b"\r\n")?;
+        }
         if close {
             put_field(&mut out, b"connection", b"close")?;
         } else if http10 {
