@@ -37,6 +37,7 @@ fn bench(c: &mut Criterion) {
                 forwarded_for: ForwardedFor::Append(b"10.1.2.3"),
                 real_ip: b"10.1.2.3",
                 forwarded_proto: Some(b"http"),
+                keep_forwarded: false,
                 request_id: b"0123456789abcdef0123456789abcdef",
             };
             write_request_head(black_box(REQUEST), &head, &edits, &mut out).unwrap();

@@ -219,9 +219,15 @@ impl Error {
         Error::new(ErrorKind::ClientClosed, Side::Downstream).with_cause(e)
     }
 
-    /// An upstream-side failure from an I/O error on an established upstream connection.
+    /// An upstream-side failure from an I/O error on an established upstream connection: a
+    /// timeout is [`ErrorKind::UpstreamTimeout`], anything else [`ErrorKind::UpstreamClosed`].
     pub fn upstream_io(e: io::Error) -> Self {
-        Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e)
+        let kind = if e.kind() == io::ErrorKind::TimedOut {
+            ErrorKind::UpstreamTimeout
+        } else {
+            ErrorKind::UpstreamClosed
+        };
+        Error::new(kind, Side::Upstream).with_cause(e)
     }
 }
 
@@ -325,6 +331,15 @@ mod tests {
             assert!(!kind.retryable(false));
             assert_eq!(kind.retryable(true), kind == ErrorKind::UpstreamClosed);
         }
+    }
+
+    #[test]
+    fn upstream_io_errors_are_classified() {
+        let e = Error::upstream_io(io::Error::from(io::ErrorKind::TimedOut));
+        assert_eq!(e.kind(), ErrorKind::UpstreamTimeout);
+        let e = Error::upstream_io(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(e.kind(), ErrorKind::UpstreamClosed);
+        assert!(e.kind().retryable(true));
     }
 
     #[test]

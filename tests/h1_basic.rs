@@ -394,3 +394,70 @@ fn monoio_uring_available() -> bool {
         .map(|v| v.trim() == "0")
         .unwrap_or(true)
 }
+
+#[test]
+fn spoofable_forwarding_fields_do_not_pass_from_untrusted_peers() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 6.6.6.6\r\nX_Real_IP: 6.6.6.6\r\nx-forwarded_proto: https\r\nForwarded: for=6.6.6.6;proto=https\r\nX_Custom: kept\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    for (name, value) in &seen.headers {
+        assert!(
+            !value.contains("6.6.6.6"),
+            "{name}: {value} reached the origin"
+        );
+    }
+    assert_eq!(seen.header("x_custom"), Some("kept"));
+
+    // A trusted peer's Forwarded is kept; underscore spellings never are.
+    let proxy = Proxy::to(
+        origin.addr,
+        "[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n",
+    );
+    let mut c = proxy.connect();
+    c.send(
+        b"GET / HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 6.6.6.6\r\nForwarded: for=5.5.5.5\r\n\r\n",
+    );
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let seen = origin.last();
+    assert_eq!(seen.header("forwarded"), Some("for=5.5.5.5"));
+    assert_eq!(seen.header("x_forwarded_for"), None);
+}
+
+#[test]
+fn request_trailers_are_not_forwarded() {
+    use std::io::Read;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let addr = raw_origin(move |mut s| {
+        let mut got = read_head_raw(&mut s);
+        let mut b = [0u8; 1];
+        while !got.ends_with(b"0\r\n\r\n") {
+            if s.read(&mut b).unwrap_or(0) == 0 {
+                break;
+            }
+            got.push(b[0]);
+        }
+        let _ = std::io::Write::write_all(&mut s, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let _ = tx.send(got);
+    });
+    let proxy = Proxy::to(addr, "");
+    let mut c = proxy.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nX-Sum: 1\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let got = String::from_utf8(rx.recv_timeout(Duration::from_secs(5)).unwrap()).unwrap();
+    assert!(got.ends_with("3\r\nabc\r\n0\r\n\r\n"), "{got}");
+    assert!(!got.contains("6.6.6.6"), "{got}");
+}
+
+#[test]
+fn configured_204_has_no_length_and_keeps_the_connection() {
+    let proxy = Proxy::start("[[routes]]\npath_prefix = \"/\"\nrespond = { status = 204 }\n");
+    let mut c = proxy.connect();
+    for _ in 0..3 {
+        let r = c.get("/");
+        assert_eq!(r.status, 204);
+        assert_eq!(r.header("content-length"), None);
+    }
+}

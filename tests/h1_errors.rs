@@ -327,3 +327,24 @@ fn unsupported_method_coding_expectation_and_version() {
         envelope_ok(&c.read_response(false).unwrap(), status, code);
     }
 }
+
+#[test]
+fn a_close_delimited_response_cut_short_ends_in_a_reset() {
+    // The upstream promises a chunked body and dies mid-way; an HTTP/1.0 client gets the body
+    // close-delimited, so only a reset can tell it the body is incomplete.
+    let origin = Origin::start(|_| {
+        Reply::RawClose(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n100\r\npartial"
+                .to_vec(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.0\r\n\r\n");
+    let mut got = Vec::new();
+    let err = c
+        .stream
+        .read_to_end(&mut got)
+        .expect_err("a reset, not a clean end");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+}

@@ -57,6 +57,9 @@ pub enum Step {
     Framing(usize),
     /// ...chunk data.
     Data(usize),
+    /// ...trailer field lines (each through its CRLF), or all of the input if it ended inside
+    /// one. The empty line ending the trailer section is framing.
+    Trailer(usize),
     /// ...the end of the body: the last framing bytes, through the final CRLF.
     Done(usize),
 }
@@ -146,8 +149,16 @@ impl ChunkedDecoder {
             return Ok(Step::Data(n));
         }
         let mut i = 0;
+        let run_is_trailer = self.in_trailer_line(input[0]);
         while i < input.len() {
             let b = input[i];
+            if i > 0 && self.in_trailer_line(b) != run_is_trailer {
+                return Ok(if run_is_trailer {
+                    Step::Trailer(i)
+                } else {
+                    Step::Framing(i)
+                });
+            }
             i += 1;
             match self.state {
                 State::SizeStart | State::Size => {
@@ -257,7 +268,20 @@ impl ChunkedDecoder {
                 }
             }
         }
-        Ok(Step::Framing(i))
+        Ok(if run_is_trailer {
+            Step::Trailer(i)
+        } else {
+            Step::Framing(i)
+        })
+    }
+
+    /// Whether `next`, fed in the current state, belongs to a trailer field line.
+    fn in_trailer_line(&self, next: u8) -> bool {
+        match self.state {
+            State::TrailerName | State::TrailerValue | State::TrailerLf => true,
+            State::TrailerStart => next != b'\r',
+            _ => false,
+        }
     }
 
     fn bump_line(&mut self) -> Result<(), ChunkedError> {
@@ -275,6 +299,54 @@ impl ChunkedDecoder {
         }
         Ok(())
     }
+}
+
+/// What [`filter_in_place`] keeps of a chunked stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Everything: a verbatim relay.
+    All,
+    /// Everything but trailer fields (the final empty line stays).
+    NoTrailers,
+    /// Chunk data only: the body without its framing.
+    DataOnly,
+}
+
+impl Keep {
+    fn keeps(self, step: Step) -> bool {
+        match (self, step) {
+            (Keep::All, _) => true,
+            (Keep::NoTrailers, Step::Trailer(_)) => false,
+            (Keep::NoTrailers, _) => true,
+            (Keep::DataOnly, Step::Data(_)) => true,
+            (Keep::DataOnly, _) => false,
+        }
+    }
+}
+
+/// Decodes the front of `data` (up to the end of the body), moving the bytes `keep` keeps down
+/// over the others, in place. Returns (kept bytes, now at the front; input bytes consumed).
+/// Nothing moves while everything is kept.
+pub fn filter_in_place(
+    decoder: &mut ChunkedDecoder,
+    data: &mut [u8],
+    keep: Keep,
+) -> Result<(usize, usize), ChunkedError> {
+    let (mut read, mut written) = (0, 0);
+    while read < data.len() && !decoder.is_done() {
+        let step = decoder.step(&data[read..])?;
+        let n = match step {
+            Step::Data(n) | Step::Framing(n) | Step::Trailer(n) | Step::Done(n) => n,
+        };
+        if keep.keeps(step) {
+            if written != read {
+                data.copy_within(read..read + n, written);
+            }
+            written += n;
+        }
+        read += n;
+    }
+    Ok((written, read))
 }
 
 fn hex_value(b: u8) -> Option<u8> {
@@ -303,7 +375,7 @@ pub fn decode_all(input: &[u8], piece: usize) -> Result<Option<(Vec<u8>, usize)>
                     rest = &rest[n..];
                     used += n;
                 }
-                Step::Framing(n) | Step::Done(n) => {
+                Step::Framing(n) | Step::Trailer(n) | Step::Done(n) => {
                     rest = &rest[n..];
                     used += n;
                 }
@@ -342,7 +414,7 @@ mod tests {
                             rest = &rest[n..];
                             used += n;
                         }
-                        Ok(Step::Framing(n) | Step::Done(n)) => {
+                        Ok(Step::Framing(n) | Step::Trailer(n) | Step::Done(n)) => {
                             rest = &rest[n..];
                             used += n;
                         }
@@ -421,6 +493,65 @@ mod tests {
         }
         for incomplete in [&b"5\r\nhel"[..], b"0\r\n", b"0\r\nX: 1\r\n"] {
             assert_eq!(every_split(incomplete), Ok(None));
+        }
+    }
+
+    #[test]
+    fn trailer_lines_are_reported_apart_from_framing() {
+        let body = b"2\r\nab\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n";
+        for piece in 1..=body.len() {
+            let mut dec = ChunkedDecoder::new();
+            let mut kept = Vec::new();
+            let mut trailers = Vec::new();
+            for part in body.chunks(piece) {
+                let mut rest = part;
+                while !rest.is_empty() {
+                    let (n, to_trailers) = match dec.step(rest).unwrap() {
+                        Step::Trailer(n) => (n, true),
+                        Step::Framing(n) | Step::Data(n) | Step::Done(n) => (n, false),
+                    };
+                    assert!(n > 0, "progress");
+                    if to_trailers {
+                        trailers.extend_from_slice(&rest[..n]);
+                    } else {
+                        kept.extend_from_slice(&rest[..n]);
+                    }
+                    rest = &rest[n..];
+                }
+            }
+            assert!(dec.is_done());
+            assert_eq!(trailers, b"X-A: 1\r\nX-B: 2\r\n", "piece {piece}");
+            assert_eq!(kept, b"2\r\nab\r\n0\r\n\r\n", "piece {piece}");
+        }
+    }
+
+    #[test]
+    fn filtering_in_place_at_every_split() {
+        let body = b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\nNEXT";
+        for (keep, want) in [
+            (
+                Keep::All,
+                &b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"[..],
+            ),
+            (Keep::NoTrailers, b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+            (Keep::DataOnly, b"abcde"),
+        ] {
+            for cut in 0..body.len() {
+                let mut dec = ChunkedDecoder::new();
+                let mut out = Vec::new();
+                let mut consumed_total = 0;
+                for part in [&body[..cut], &body[cut..]] {
+                    let mut buf = part.to_vec();
+                    let (kept, consumed) = filter_in_place(&mut dec, &mut buf, keep).unwrap();
+                    out.extend_from_slice(&buf[..kept]);
+                    consumed_total += consumed;
+                    if dec.is_done() {
+                        break;
+                    }
+                }
+                assert_eq!(out, want, "{keep:?} cut {cut}");
+                assert_eq!(consumed_total, body.len() - 4, "{keep:?} cut {cut}");
+            }
         }
     }
 

@@ -30,6 +30,8 @@ pub struct RequestEdits<'a> {
     pub real_ip: &'a [u8],
     /// X-Forwarded-Proto to set, or `None` to keep the inbound value (trusted peer).
     pub forwarded_proto: Option<&'a [u8]>,
+    /// Keep an inbound `Forwarded` field (trusted peer); otherwise it is dropped.
+    pub keep_forwarded: bool,
     /// X-Request-Id.
     pub request_id: &'a [u8],
 }
@@ -69,8 +71,10 @@ pub fn write_request_head(
                 | HeaderKind::Expect
                 | HeaderKind::XForwardedFor
                 | HeaderKind::XRealIp
-                | HeaderKind::XRequestId => true,
+                | HeaderKind::XRequestId
+                | HeaderKind::ForwardedAlias => true,
                 HeaderKind::XForwardedProto => edits.forwarded_proto.is_some(),
+                HeaderKind::Forwarded => !edits.keep_forwarded,
                 _ => false,
             };
         if !skip {
@@ -198,7 +202,7 @@ mod tests {
 
     #[test]
     fn request_rewrite_strips_and_appends() {
-        let src = b"POST /api/x?y=1 HTTP/1.1\r\nHost: public.example\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Connection: x\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\nX-Real-IP: 9.9.9.9\r\nX-Request-Id: abc\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\nAccept: */*\r\n\r\n";
+        let src = b"POST /api/x?y=1 HTTP/1.1\r\nHost: public.example\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Connection: x\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\nX-Real-IP: 9.9.9.9\r\nX-Request-Id: abc\r\nX_Forwarded_For: 7.7.7.7\r\nForwarded: for=7.7.7.7\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\nAccept: */*\r\n\r\n";
         let head = req_head(src);
         let pool = BufPool::new(4096);
         let mut out = pool.take();
@@ -208,6 +212,7 @@ mod tests {
             forwarded_for: ForwardedFor::Append(b"3.3.3.3"),
             real_ip: b"3.3.3.3",
             forwarded_proto: Some(b"http"),
+            keep_forwarded: false,
             request_id: b"abc",
         };
         write_request_head(src, &head, &edits, &mut out).unwrap();
@@ -264,6 +269,7 @@ mod tests {
             forwarded_for: ForwardedFor::Replace(b"1.2.3.4"),
             real_ip: b"1.2.3.4",
             forwarded_proto: None,
+            keep_forwarded: false,
             request_id: b"x",
         };
         assert_eq!(write_request_head(src, &head, &edits, &mut out), Err(Full));

@@ -13,7 +13,7 @@ pub mod body;
 pub mod encode;
 pub mod head;
 
-pub use body::{parse_content_length, ChunkedDecoder, ChunkedError, Step};
+pub use body::{filter_in_place, parse_content_length, ChunkedDecoder, ChunkedError, Keep, Step};
 pub use encode::{write_request_head, write_response_head, RequestEdits, ResponseEdits};
 pub use head::{
     check_partial, may_complete_head, parse_request, parse_response, HeadLimits, ParseError,
@@ -150,18 +150,46 @@ pub enum HeaderKind {
     XRealIp,
     /// X-Request-Id
     XRequestId,
+    /// Forwarded (RFC 7239): kept from trusted peers only.
+    Forwarded,
+    /// An underscore spelling of a forwarding field (`X_Forwarded_For`, `X_Real_IP`, ...),
+    /// which CGI-style backends read as the real one: never forwarded.
+    ForwardedAlias,
 }
 
 impl HeaderKind {
     /// Classifies a header name (case-insensitive).
     pub fn classify(name: &[u8]) -> HeaderKind {
+        let kind = Self::classify_exact(name);
+        if kind == HeaderKind::Other && name.contains(&b'_') && name.len() <= 17 {
+            let mut dashed = [0u8; 17];
+            for (d, &b) in dashed.iter_mut().zip(name) {
+                *d = if b == b'_' { b'-' } else { b };
+            }
+            if matches!(
+                Self::classify_exact(&dashed[..name.len()]),
+                HeaderKind::XForwardedFor
+                    | HeaderKind::XForwardedProto
+                    | HeaderKind::XRealIp
+                    | HeaderKind::XRequestId
+            ) {
+                return HeaderKind::ForwardedAlias;
+            }
+        }
+        kind
+    }
+
+    fn classify_exact(name: &[u8]) -> HeaderKind {
         // Dispatch on length first: one comparison for most names.
         let candidates: &[(&[u8], HeaderKind)] = match name.len() {
             2 => &[(b"te", HeaderKind::Te)],
             4 => &[(b"host", HeaderKind::Host)],
             6 => &[(b"expect", HeaderKind::Expect)],
             7 => &[(b"upgrade", HeaderKind::Upgrade)],
-            9 => &[(b"x-real-ip", HeaderKind::XRealIp)],
+            9 => &[
+                (b"x-real-ip", HeaderKind::XRealIp),
+                (b"forwarded", HeaderKind::Forwarded),
+            ],
             10 => &[
                 (b"connection", HeaderKind::Connection),
                 (b"keep-alive", HeaderKind::KeepAlive),
@@ -316,6 +344,20 @@ mod tests {
         assert_eq!(HeaderKind::classify(b"x-forwarded-prot"), HeaderKind::Other);
         assert_eq!(HeaderKind::classify(b"Keep-Alive"), HeaderKind::KeepAlive);
         assert_eq!(HeaderKind::classify(b"accept"), HeaderKind::Other);
+        assert_eq!(HeaderKind::classify(b"Forwarded"), HeaderKind::Forwarded);
+        assert_eq!(
+            HeaderKind::classify(b"X_Forwarded_For"),
+            HeaderKind::ForwardedAlias
+        );
+        assert_eq!(
+            HeaderKind::classify(b"x_real_ip"),
+            HeaderKind::ForwardedAlias
+        );
+        assert_eq!(
+            HeaderKind::classify(b"X-Real_IP"),
+            HeaderKind::ForwardedAlias
+        );
+        assert_eq!(HeaderKind::classify(b"x_custom"), HeaderKind::Other);
     }
 
     #[test]

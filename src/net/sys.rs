@@ -26,6 +26,27 @@ pub fn idle_socket_usable(fd: RawFd) -> bool {
     false
 }
 
+/// Makes the next close of `fd` send a reset (SO_LINGER with a zero timeout): how a proxy tells
+/// a client that a response it already started was cut short, which a close-delimited or
+/// dechunked body could not otherwise show.
+pub fn reset_on_close(fd: RawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `linger` is a valid, initialized struct of the size passed; `fd` is an open
+    // socket owned by the caller.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
 /// Raises the soft open-files limit to the hard limit, as servers handling many connections
 /// must; returns the new soft limit.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {

@@ -17,6 +17,7 @@
 //! idempotent (RFC 9110 §9.2.2).
 
 use std::io as stdio;
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
@@ -28,8 +29,8 @@ use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::{
-    parse_response, write_request_head, write_response_head, BodyFraming, ChunkedDecoder,
-    HeaderKind, Method, RequestEdits, ResponseEdits, ResponseHead, Step, Version,
+    filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
+    ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
     MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
@@ -155,7 +156,7 @@ pub(super) async fn proxy(
         let mut ubuf = buf;
         if let Err(e) = res {
             let err = Error::upstream_io(e);
-            if attempt == 0 && replayable && upc.is_reused() {
+            if attempt == 0 && replayable && err.kind().retryable(upc.is_reused()) {
                 tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; retrying on a new one");
                 attempt += 1;
                 force_new = true;
@@ -203,9 +204,8 @@ pub(super) async fn proxy(
             Err(HeadError { error, got_bytes }) => {
                 if attempt == 0
                     && replayable
-                    && upc.is_reused()
                     && !got_bytes
-                    && error.kind().retryable(true)
+                    && error.kind().retryable(upc.is_reused())
                 {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; retrying on a new one");
                     attempt += 1;
@@ -276,6 +276,7 @@ fn encode_request(
         },
         real_ip: peer,
         forwarded_proto: if keep_proto { None } else { Some(b"http") },
+        keep_forwarded: conn.trusted_peer,
         request_id: info.rid.as_bytes(),
     };
     write_request_head(src, head, &edits, out)
@@ -393,39 +394,36 @@ async fn pump_request_body(
                 }
             }
         }
-        let n = if framing == BodyFraming::Chunked {
-            let data = buf.data();
-            let mut used = 0;
-            while used < data.len() && !decoder.is_done() {
-                match decoder.step(&data[used..]) {
-                    Ok(Step::Data(k) | Step::Framing(k) | Step::Done(k)) => used += k,
-                    Err(e) => {
-                        *rbuf = Some(buf);
-                        return Err(
-                            Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(e)
-                        );
-                    }
+        // Chunked: relayed verbatim but for trailer fields, which are dropped: a backend that
+        // merges trailers into headers must not receive forwarding fields ringway did not set.
+        let (n, skipped) = if framing == BodyFraming::Chunked {
+            match filter_in_place(&mut decoder, buf.data_mut(), Keep::NoTrailers) {
+                Ok((kept, consumed)) => (kept, consumed - kept),
+                Err(e) => {
+                    *rbuf = Some(buf);
+                    return Err(Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(e));
                 }
             }
-            if http
-                .max_request_body_bytes
-                .is_some_and(|max| decoder.data_total() > max)
-            {
-                *rbuf = Some(buf);
-                return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
-            }
-            used
         } else {
             let n = (buf.len() as u64).min(remaining) as usize;
             remaining -= n as u64;
-            n
+            (n, 0)
         };
+        if http
+            .max_request_body_bytes
+            .is_some_and(|max| decoder.data_total() > max)
+        {
+            *rbuf = Some(buf);
+            return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
+        }
         let deadline = Instant::now() + http.send_timeout;
-        let (res, b) = write_front_by(up, buf, n, deadline, &w.pool).await;
-        *rbuf = Some(b);
+        let (res, mut b) = write_front_by(up, buf, n, deadline, &w.pool).await;
         if let Err(e) = res {
+            *rbuf = Some(b);
             return Err(Error::upstream_io(e));
         }
+        b.consume(skipped);
+        *rbuf = Some(b);
         let done = if framing == BodyFraming::Chunked {
             decoder.is_done()
         } else {
@@ -656,6 +654,10 @@ async fn relay_response(
         }),
         Err(e) => {
             if e.side() == Side::Upstream {
+                // The response is cut short: reset the client connection rather than close it,
+                // so that even a close-delimited body cannot pass for complete.
+                crate::net::sys::reset_on_close(conn.stream.as_raw_fd());
+                conn.aborted = true;
                 tracing::warn!(
                     request_id = %info.rid.as_str(),
                     upstream = up_name,
@@ -695,7 +697,7 @@ impl RelayState {
             }
             Relay::Chunked => {
                 let avail = ubuf.len().min(out.spare());
-                let n = self.chunked_prefix(&ubuf.data()[..avail])?;
+                let (n, _) = self.filter(&mut ubuf.data_mut()[..avail], Keep::All)?;
                 let _ = out.put(&ubuf.data()[..n]);
                 ubuf.consume(n);
                 Ok(())
@@ -707,18 +709,9 @@ impl RelayState {
         }
     }
 
-    /// How many bytes of `data` belong to the chunked body (decoding them).
-    fn chunked_prefix(&mut self, data: &[u8]) -> Result<usize, Error> {
-        let mut used = 0;
-        while used < data.len() && !self.decoder.is_done() {
-            match self.decoder.step(&data[used..]) {
-                Ok(Step::Data(k) | Step::Framing(k) | Step::Done(k)) => used += k,
-                Err(e) => {
-                    return Err(Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause(e))
-                }
-            }
-        }
-        Ok(used)
+    fn filter(&mut self, data: &mut [u8], keep: Keep) -> Result<(usize, usize), Error> {
+        filter_in_place(&mut self.decoder, data, keep)
+            .map_err(|e| Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause(e))
     }
 
     fn done(&self, relay: Relay) -> bool {
@@ -744,32 +737,24 @@ impl RelayState {
         let send_timeout = w.gen.http.send_timeout;
         loop {
             if !ubuf.is_empty() {
-                let n = match relay {
-                    Relay::None => 0,
+                // (bytes to write from the front, bytes to drop after them)
+                let (n, skip) = match relay {
+                    Relay::None => (0, 0),
                     Relay::Length(_) => {
                         let n = (ubuf.len() as u64).min(self.remaining) as usize;
                         self.remaining -= n as u64;
-                        n
+                        (n, 0)
                     }
-                    Relay::Chunked => self.chunked_prefix(ubuf.data())?,
-                    Relay::Dechunk => {
-                        let (data, consumed) = self.dechunk_front(&mut ubuf)?;
-                        // `data` bytes were moved to the front; write them, drop the framing.
-                        if data > 0 {
-                            let deadline = Instant::now() + send_timeout;
-                            let (res, b) =
-                                write_front_by(client, ubuf, data, deadline, &w.pool).await;
-                            ubuf = b;
-                            res.map_err(Error::client_io)?;
-                            add(&w.metrics().bytes_out, data as u64);
-                        }
-                        ubuf.consume(consumed - data);
-                        if self.done(relay) {
-                            return Ok(ubuf.len());
-                        }
-                        continue;
+                    Relay::Chunked | Relay::Dechunk => {
+                        let keep = if relay == Relay::Chunked {
+                            Keep::All
+                        } else {
+                            Keep::DataOnly
+                        };
+                        let (kept, consumed) = self.filter(ubuf.data_mut(), keep)?;
+                        (kept, consumed - kept)
                     }
-                    Relay::UntilClose => ubuf.len(),
+                    Relay::UntilClose => (ubuf.len(), 0),
                 };
                 if n > 0 {
                     let deadline = Instant::now() + send_timeout;
@@ -778,6 +763,7 @@ impl RelayState {
                     res.map_err(Error::client_io)?;
                     add(&w.metrics().bytes_out, n as u64);
                 }
+                ubuf.consume(skip);
             }
             if self.done(relay) {
                 return Ok(ubuf.len());
@@ -801,28 +787,6 @@ impl RelayState {
                 Err(e) => return Err(Error::upstream_io(e)),
             }
         }
-    }
-
-    /// Decodes the front of `buf`, moving chunk data down over the framing in place. Returns
-    /// (data bytes now at the front, input bytes consumed).
-    fn dechunk_front(&mut self, buf: &mut Block) -> Result<(usize, usize), Error> {
-        let data = buf.data_mut();
-        let mut read = 0;
-        let mut written = 0;
-        while read < data.len() && !self.decoder.is_done() {
-            match self.decoder.step(&data[read..]) {
-                Ok(Step::Data(k)) => {
-                    data.copy_within(read..read + k, written);
-                    written += k;
-                    read += k;
-                }
-                Ok(Step::Framing(k) | Step::Done(k)) => read += k,
-                Err(e) => {
-                    return Err(Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause(e))
-                }
-            }
-        }
-        Ok((written, read))
     }
 }
 

@@ -62,6 +62,8 @@ pub struct ClientConn {
     linger: bool,
     /// The parsed head's bytes are still at the front of `rbuf`.
     head_pending: bool,
+    /// A response was cut short: the connection is reset on close, never lingered.
+    aborted: bool,
 }
 
 impl ClientConn {
@@ -148,6 +150,7 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
         accepted: Instant::now(),
         linger: false,
         head_pending: false,
+        aborted: false,
     };
     let mut first = true;
     loop {
@@ -172,7 +175,7 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
             break;
         }
     }
-    if conn.linger {
+    if conn.linger && !conn.aborted {
         linger_close(&w, conn).await;
     }
 }
@@ -413,7 +416,9 @@ async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -
             let mut used = 0;
             while used < data.len() && !decoder.is_done() {
                 match decoder.step(&data[used..]) {
-                    Ok(Step::Data(n) | Step::Framing(n) | Step::Done(n)) => used += n,
+                    Ok(Step::Data(n) | Step::Framing(n) | Step::Trailer(n) | Step::Done(n)) => {
+                        used += n
+                    }
                     Err(_) => {
                         conn.rbuf = Some(rbuf);
                         return false;
