@@ -29,3 +29,6 @@ pub mod upstream;
 pub mod worker;
 
 pub use server::{Server, ShutdownHandle, StartError};
+
+#[doc(hidden)]
+pub mod fuzzing;
