@@ -369,6 +369,7 @@ async fn pump_request_body(
     loop {
         let mut buf = rbuf.take().unwrap_or_else(|| w.pool.take());
         if buf.is_empty() {
+            w.body_block(&mut buf);
             if framing != BodyFraming::Chunked {
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
@@ -430,6 +431,9 @@ async fn pump_request_body(
             remaining == 0
         };
         if done {
+            if let Some(b) = rbuf.as_mut() {
+                w.head_block(b);
+            }
             return Ok(());
         }
     }
@@ -768,6 +772,7 @@ impl RelayState {
             if self.done(relay) {
                 return Ok(ubuf.len());
             }
+            w.body_block(&mut ubuf);
             if let Relay::Length(_) = relay {
                 ubuf.limit_next_read(self.remaining.min(usize::MAX as u64) as usize);
             }

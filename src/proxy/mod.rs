@@ -223,6 +223,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
             }
             head_deadline.get_or_insert_with(|| Instant::now() + http.header_timeout);
         }
+        w.head_block(&mut rbuf);
         if rbuf.spare() == 0 {
             rbuf.compact();
             if rbuf.spare() == 0 {
