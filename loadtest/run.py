@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""ringway load test: ringway beside nginx and HAProxy (and the origin directly), one run.
+
+Everything runs on loopback. The load generator (wrk, or oha for paced runs) and the origin are
+pinned to LOADGEN_CPU, every proxy to PROXY_CPU, one worker/thread each. A round runs every
+target once per scenario; rounds are interleaved and medians reported. Proxy CPU is read from
+/proc/PID/task/*/schedstat (every thread of the proxy's processes) before and after each run;
+machine-wide CPU from /proc/stat. Everything started is stopped by PID at the end.
+
+See loadtest/README.md for how to read the output.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "loadtest")
+
+PORTS = {
+    "origin": 19000,
+    "ringway": 18081,
+    "nginx": 18082,
+    "haproxy": 18083,
+    "ringway-epoll": 18084,
+}
+
+procs = []  # (name, Popen)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, shell=True, check=True, **kw)
+
+
+def ensure_tools(need_oha):
+    missing = [p for p, b in (("wrk", "wrk"), ("nginx-light", "nginx"), ("haproxy", "haproxy")) if not shutil.which(b) and not os.path.exists(f"/usr/sbin/{b}")]
+    if missing:
+        log(f"installing {' '.join(missing)} with apt-get")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run("apt-get update -qq", shell=True, env=env)
+        sh(f"apt-get install -y -qq {' '.join(missing)} >/dev/null", env=env)
+        # The packages start system services on port 80; they are not ours to run.
+        subprocess.run("systemctl stop nginx haproxy 2>/dev/null; pkill -f 'nginx: master process /usr/sbin/nginx' ; pkill -x haproxy", shell=True)
+    if need_oha and not shutil.which("oha") and not os.path.exists(os.path.expanduser("~/.cargo/bin/oha")):
+        log("installing oha (open-loop load generator for the paced run) with cargo install")
+        sh("cargo install --locked oha >/dev/null 2>&1 || cargo install oha >/dev/null")
+
+
+def oha_bin():
+    return shutil.which("oha") or os.path.expanduser("~/.cargo/bin/oha")
+
+
+def build():
+    log("building ringway and the origin (release)")
+    sh("cargo build --release --bin ringway --example origin", cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def start(name, cmd, cpu, env=None):
+    p = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(WORK, name + ".log"), "w"), env=env, preexec_fn=os.setsid)
+    procs.append((name, p))
+    return p
+
+
+def wait_port(port, timeout=15):
+    import socket
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def stop_all():
+    for name, p in reversed(procs):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 10
+    for name, p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def pids_of(p):
+    """The process and its children (nginx workers)."""
+    pids = [p.pid]
+    try:
+        for task in os.listdir(f"/proc/{p.pid}/task"):
+            with open(f"/proc/{p.pid}/task/{task}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return pids
+
+
+def cpu_ns(pids):
+    total = 0
+    for pid in pids:
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
+
+
+def machine_busy_s():
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    return (sum(parts) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def parse_wrk(text):
+    out = {}
+    m = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    out["rps"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"(\d+) requests in", text)
+    out["requests"] = int(m.group(1)) if m else 0
+    for pct in ("50", "99"):
+        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+        if m:
+            v = float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
+            out[f"p{pct}"] = v
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    out["non2xx"] = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    out["errors"] = sum(int(x) for x in m.groups()) if m else 0
+    return out
+
+
+def syscalls_during(pids, seconds):
+    """Starts `perf stat` on the syscall tracepoint for `pids`; returns the Popen."""
+    if not shutil.which("perf"):
+        return None
+    return subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", ",".join(map(str, pids)), "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def syscalls_result(p):
+    if p is None:
+        return None
+    try:
+        _, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None
+    for line in err.splitlines():
+        parts = line.split(",")
+        if len(parts) > 2 and "raw_syscalls" in line and parts[0].strip().isdigit():
+            return int(parts[0])
+    return None
+
+
+def run_one(target, port, scenario, pids):
+    """One measured run against one target; returns a dict of figures."""
+    url = f"http://127.0.0.1:{port}{scenario['path']}"
+    d = scenario["duration"]
+    c0, m0 = cpu_ns(pids), machine_busy_s()
+    sc = syscalls_during(pids, max(1, d - 1)) if scenario.get("syscalls") and pids else None
+    if scenario.get("rate"):
+        cmd = [oha_bin(), "-q", str(scenario["rate"]), "-c", str(scenario["conns"]), "-z", f"{d}s", "--latency-correction", "--no-tui", "--output-format", "json", "--disable-keepalive" if scenario.get("close") else "--http-version=1.1", url]
+        res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
+        try:
+            j = json.loads(res.stdout)
+            lat = j.get("latencyPercentiles", {})
+            summary = j.get("summary", {})
+            codes = j.get("statusCodeDistribution", {})
+            ok = sum(v for k, v in codes.items() if k.startswith("2"))
+            fig = {"rps": summary.get("requestsPerSec", 0.0), "requests": sum(codes.values()), "p50": lat.get("p50", 0) * 1e3, "p99": lat.get("p99", 0) * 1e3, "non2xx": sum(codes.values()) - ok, "errors": sum(j.get("errorDistribution", {}).values())}
+        except (ValueError, AttributeError):
+            log(f"oha output not understood: {res.stdout[:200]} {res.stderr[:200]}")
+            fig = {"rps": 0.0, "requests": 0, "non2xx": 0, "errors": 1}
+    else:
+        cmd = ["wrk", "-t1", f"-c{scenario['conns']}", f"-d{d}s", "--latency", url]
+        if scenario.get("close"):
+            cmd[1:1] = ["-H", "Connection: close"]
+        res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
+        fig = parse_wrk(res.stdout)
+    c1, m1 = cpu_ns(pids), machine_busy_s()
+    n = max(fig.get("requests", 0), 1)
+    fig["cpu_us"] = (c1 - c0) / n / 1e3 if pids else None
+    fig["machine_us"] = (m1 - m0) / n * 1e6
+    calls = syscalls_result(sc)
+    fig["syscalls"] = calls / n / (max(1, d - 1) / d) if calls is not None else None
+    return fig
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if unit == "rps":
+        return f"{v:,.0f}"
+    if unit == "ms":
+        return f"{v:.2f}ms" if v >= 1 else f"{v * 1000:.0f}us"
+    return f"{v:.2f}"
+
+
+def main():
+    global WORK, LOADGEN_CPU
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small-body c=64 and 1 MiB only, 3 rounds of 4 s (under 2 minutes)")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--duration", type=int, default=None, help="seconds per run")
+    ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss")
+    ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll")
+    ap.add_argument("--loadgen-cpu", type=int, default=0)
+    ap.add_argument("--proxy-cpu", type=int, default=1)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    LOADGEN_CPU = args.loadgen_cpu
+    if args.quick:
+        rounds, duration = args.rounds or 3, args.duration or 4
+        scenarios = (args.scenarios or "small64,big").split(",")
+    else:
+        rounds, duration = args.rounds or 3, args.duration or 8
+        scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss").split(",")
+    targets = args.targets.split(",")
+
+    ensure_tools("paced" in scenarios)
+    if not args.no_build:
+        build()
+    WORK = tempfile.mkdtemp(prefix="ringway-loadtest-")
+    started = time.time()
+    try:
+        results = run_all(args, targets, scenarios, rounds, duration)
+    finally:
+        stop_all()
+    report(results, targets, rounds, duration, time.time() - started)
+
+
+def run_all(args, targets, scenarios, rounds, duration):
+    pc = args.proxy_cpu
+    origin = f"127.0.0.1:{PORTS['origin']}"
+    start("origin", [os.path.join(ROOT, "target/release/examples/origin"), origin], LOADGEN_CPU)
+    assert wait_port(PORTS["origin"]), "origin did not start"
+    running = {"direct": None}
+
+    def ringway_conf(port):
+        path = os.path.join(WORK, f"ringway-{port}.toml")
+        with open(os.path.join(HERE, "ringway.toml")) as f:
+            text = f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def templ(name, port):
+        with open(os.path.join(HERE, name)) as f:
+            text = (f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+                    .replace("{WORK}", WORK).replace("{MASK}", "1" + "0" * pc))
+        path = os.path.join(WORK, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    rw = os.path.join(ROOT, "target/release/ringway")
+    for t in targets:
+        port = PORTS.get(t)
+        if t == "ringway":
+            running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn"))
+        elif t == "ringway-epoll":
+            running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn", MONOIO_FORCE_LEGACY_DRIVER="1"))
+        elif t == "nginx":
+            running[t] = start(t, ["nginx", "-c", templ("nginx.conf", port), "-p", WORK], pc)
+        elif t == "haproxy":
+            running[t] = start(t, ["haproxy", "-f", templ("haproxy.cfg", port)], pc)
+        if t != "direct" and not wait_port(port):
+            raise SystemExit(f"{t} did not start; see {WORK}/{t}.log")
+    port_of = lambda t: PORTS["origin"] if t == "direct" else PORTS[t]
+    pids = lambda t: pids_of(running[t]) if running.get(t) else []
+
+    # Warm every target up (pools, caches) before measuring.
+    for t in targets:
+        subprocess.run(["taskset", "-c", str(LOADGEN_CPU), "wrk", "-t1", "-c64", "-d1s", f"http://127.0.0.1:{port_of(t)}/"], capture_output=True)
+
+    defs = {
+        "small16": {"path": "/", "conns": 16},
+        "small64": {"path": "/", "conns": 64, "syscalls": True},
+        "small256": {"path": "/", "conns": 256},
+        "close": {"path": "/", "conns": 64, "close": True},
+        "big": {"path": "/1m", "conns": 16},
+    }
+    results = {}
+    for sc_name in scenarios:
+        if sc_name == "rss":
+            results["rss"] = rss_check(running, targets)
+            continue
+        if sc_name == "paced":
+            nginx_rps = median([r["rps"] for r in results.get("small64", {}).get("nginx", [])]) if "small64" in results else None
+            if nginx_rps is None:
+                probe = run_one("nginx", port_of("nginx"), {"path": "/", "conns": 64, "duration": 3}, [])
+                nginx_rps = probe["rps"]
+            scenario = {"path": "/", "conns": 64, "rate": max(100, int(nginx_rps * 0.15)), "duration": duration}
+        else:
+            scenario = dict(defs[sc_name], duration=duration)
+        results[sc_name] = {t: [] for t in targets}
+        results[sc_name]["_scenario"] = scenario
+        for r in range(rounds):
+            for t in targets:
+                fig = run_one(t, port_of(t), scenario, pids(t))
+                results[sc_name][t].append(fig)
+                log(f"{sc_name} round {r + 1} {t}: {fig['rps']:,.0f} req/s p99 {fmt(fig.get('p99'), 'ms')} cpu {fmt(fig.get('cpu_us'))} us/req errors {fig.get('errors', 0)} non2xx {fig.get('non2xx', 0)}")
+    return results
+
+
+def rss_check(running, targets):
+    """RSS of each ringway before and during a 1 GiB upload and a 1 GiB download."""
+    out = {}
+    for t in [x for x in targets if x.startswith("ringway")]:
+        pid = running[t].pid
+        port = PORTS[t]
+        before = rss_kib(pid)
+        peak = before
+        for cmd in (f"head -c 1073741824 /dev/zero | curl -s -o /dev/null -w '%{{http_code}}' -H 'Expect:' --data-binary @- http://127.0.0.1:{port}/upload",
+                    f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/1g"):
+            p = subprocess.Popen(["taskset", "-c", str(LOADGEN_CPU), "sh", "-c", cmd], stdout=subprocess.PIPE, text=True)
+            while p.poll() is None:
+                peak = max(peak, rss_kib(pid))
+                time.sleep(0.02)
+            code = p.stdout.read().strip()
+            if code != "200":
+                log(f"rss check {t}: {cmd} gave {code}")
+        after = rss_kib(pid)
+        out[t] = {"before_kib": before, "peak_kib": peak, "after_kib": after}
+        log(f"rss {t}: before {before} KiB, peak {peak} KiB, after {after} KiB")
+    return out
+
+
+def report(results, targets, rounds, duration, elapsed):
+    lines = []
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines.append(f"ringway load test, {now}: {rounds} interleaved rounds of {duration} s, medians; "
+                 f"loadgen+origin on CPU {LOADGEN_CPU}, each proxy alone on its CPU, 1 worker each; took {elapsed:.0f} s")
+    lines.append("")
+    for sc_name, per in results.items():
+        if sc_name == "rss":
+            lines.append("RSS across a 1 GiB upload and a 1 GiB download (KiB):")
+            for t, r in per.items():
+                growth = (r["peak_kib"] - r["before_kib"]) / max(r["before_kib"], 1) * 100
+                lines.append(f"  {t:14} before {r['before_kib']:>8}  peak {r['peak_kib']:>8}  after {r['after_kib']:>8}  peak growth {growth:+.1f}%")
+            lines.append("")
+            continue
+        sc = per["_scenario"]
+        title = f"{sc_name}: GET {sc['path']}, {sc['conns']} connections"
+        if sc.get("rate"):
+            title += f", paced at {sc['rate']} req/s (oha, latency-corrected)"
+        if sc.get("close"):
+            title += ", Connection: close (new connection per request)"
+        lines.append(title)
+        big = sc["path"] == "/1m"
+        hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'errors':>7}"
+        if big:
+            hdr += f" {'machine us/MiB':>15} {'added over direct':>18}"
+        lines.append(hdr)
+        med = {}
+        for t in targets:
+            runs = per.get(t, [])
+            m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "machine_us")}
+            m["errors"] = sum(r.get("errors", 0) + r.get("non2xx", 0) for r in runs)
+            med[t] = m
+        for t in targets:
+            m = med[t]
+            row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {m['errors']:>7}"
+            if big:
+                added = None if t == "direct" or med.get("direct") is None or m["machine_us"] is None else m["machine_us"] - med["direct"]["machine_us"]
+                row += f" {fmt(m['machine_us']):>15} {fmt(added):>18}"
+            lines.append(row)
+        for other in ("nginx", "haproxy"):
+            if "ringway" in med and other in med and med[other]["cpu_us"]:
+                r, o = med["ringway"], med[other]
+                parts = [f"cpu {r['cpu_us'] / o['cpu_us']:.2f}", f"req/s {r['rps'] / o['rps']:.2f}" if o["rps"] else None,
+                         f"p99 {r['p99'] / o['p99']:.2f}" if r.get("p99") and o.get("p99") else None]
+                if big and "direct" in med and med["direct"]["machine_us"] is not None:
+                    ra, oa = r["machine_us"] - med["direct"]["machine_us"], o["machine_us"] - med["direct"]["machine_us"]
+                    if oa > 0:
+                        parts.append(f"added machine cpu {ra / oa:.2f}")
+                lines.append(f"  ringway/{other}: " + ", ".join(p for p in parts if p))
+        if "direct" in med and "ringway" in med and med["direct"]["rps"]:
+            lines.append(f"  ringway/direct: req/s {med['ringway']['rps'] / med['direct']['rps']:.2f}")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    out_dir = os.path.join(HERE, "out")
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with open(os.path.join(out_dir, f"results-{stamp}.txt"), "w") as f:
+        f.write(text + "\n")
+        f.write(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
