@@ -102,7 +102,7 @@ pub(super) async fn proxy(
     let mut attempt = 0u32;
     let mut body_sent = !has_body;
     let (mut upc, ubuf) = loop {
-        let mut upc = match up.acquire(force_new, w.metrics()).await {
+        let mut upc = match up.acquire(force_new, w.now(), w.metrics()).await {
             Ok(c) => c,
             Err(e) => {
                 conn.consume_head(head_len);
@@ -151,7 +151,7 @@ pub(super) async fn proxy(
             }
         }
 
-        let deadline = Instant::now() + gen.http.send_timeout;
+        let deadline = w.now() + gen.http.send_timeout;
         let (res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
         let mut ubuf = buf;
         if let Err(e) = res {
@@ -168,7 +168,7 @@ pub(super) async fn proxy(
         }
         ubuf.clear();
 
-        let response_deadline = || Instant::now() + up_cfg.response_timeout;
+        let response_deadline = || w.now() + up_cfg.response_timeout;
         let result = if body_sent {
             read_response_head(
                 w,
@@ -235,7 +235,7 @@ pub(super) async fn proxy(
     match relayed {
         Some(reuse) => {
             if reuse.upstream {
-                up.release(upc);
+                up.release(upc, w.now());
             }
             reuse.client
         }
@@ -302,7 +302,7 @@ async fn send_body_and_read_head(
     response_timeout: std::time::Duration,
 ) -> BodyOutcome {
     if info.expect_continue && conn.rbuf.as_ref().is_some_and(Block::is_empty) {
-        let deadline = Instant::now() + w.gen.http.send_timeout;
+        let deadline = w.now() + w.gen.http.send_timeout;
         if write_static_by(&mut conn.stream, CONTINUE, deadline)
             .await
             .is_err()
@@ -322,26 +322,23 @@ async fn send_body_and_read_head(
     let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, info.method, None));
     match race(pump.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => {
-            BodyOutcome::Sent(await_head(head.as_mut(), response_timeout).await)
+            BodyOutcome::Sent(await_head(head.as_mut(), w.now() + response_timeout).await)
         }
         Either::Left(Err(e)) if e.side() == Side::Upstream => {
             // The upstream stopped reading; it may have answered first.
             tracing::debug!(error = %e, "upstream stopped reading the request body");
-            BodyOutcome::Interrupted(await_head(head.as_mut(), response_timeout).await)
+            BodyOutcome::Interrupted(await_head(head.as_mut(), w.now() + response_timeout).await)
         }
         Either::Left(Err(e)) => BodyOutcome::ClientFailed(e),
         Either::Right(result) => BodyOutcome::Interrupted(result),
     }
 }
 
-async fn await_head<F>(
-    head: std::pin::Pin<&mut F>,
-    timeout: std::time::Duration,
-) -> Result<Block, HeadError>
+async fn await_head<F>(head: std::pin::Pin<&mut F>, deadline: Instant) -> Result<Block, HeadError>
 where
     F: std::future::Future<Output = Result<Block, HeadError>>,
 {
-    match monoio::time::timeout(timeout, head).await {
+    match monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), head).await {
         Ok(r) => r,
         Err(_) => Err(HeadError {
             error: Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
@@ -373,7 +370,7 @@ async fn pump_request_body(
             if framing != BodyFraming::Chunked {
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
-            let deadline = Instant::now() + http.body_timeout;
+            let deadline = w.now() + http.body_timeout;
             let (res, b) = read_by(client, buf, deadline, &w.pool).await;
             buf = b;
             match res {
@@ -417,7 +414,7 @@ async fn pump_request_body(
             *rbuf = Some(buf);
             return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
         }
-        let deadline = Instant::now() + http.send_timeout;
+        let deadline = w.now() + http.send_timeout;
         let (res, mut b) = write_front_by(up, buf, n, deadline, &w.pool).await;
         if let Err(e) = res {
             *rbuf = Some(b);
@@ -629,7 +626,7 @@ async fn relay_response(
             upstream: false,
         });
     }
-    let deadline = Instant::now() + w.gen.http.send_timeout;
+    let deadline = w.now() + w.gen.http.send_timeout;
     let len = out.len() as u64;
     let (res, _out) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
     if res.is_err() {
@@ -761,7 +758,7 @@ impl RelayState {
                     Relay::UntilClose => (ubuf.len(), 0),
                 };
                 if n > 0 {
-                    let deadline = Instant::now() + send_timeout;
+                    let deadline = w.now() + send_timeout;
                     let (res, b) = write_front_by(client, ubuf, n, deadline, &w.pool).await;
                     ubuf = b;
                     res.map_err(Error::client_io)?;
@@ -776,7 +773,7 @@ impl RelayState {
             if let Relay::Length(_) = relay {
                 ubuf.limit_next_read(self.remaining.min(usize::MAX as u64) as usize);
             }
-            let deadline = Instant::now() + read_timeout;
+            let deadline = w.now() + read_timeout;
             let (res, b) = read_by(up, ubuf, deadline, &w.pool).await;
             ubuf = b;
             match res {

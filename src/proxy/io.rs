@@ -8,7 +8,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use monoio::buf::IoBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
@@ -19,8 +19,9 @@ fn timed_out() -> io::Error {
     io::Error::from(io::ErrorKind::TimedOut)
 }
 
-fn remaining(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
+/// `fut` bounded by `deadline` (no clock read: the timer wheel takes the instant as is).
+fn until<F: Future>(deadline: Instant, fut: F) -> monoio::time::Timeout<F> {
+    monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), fut)
 }
 
 /// Reads once into the spare space of `buf` before `deadline`. `Ok(0)` is end of stream.
@@ -30,7 +31,7 @@ pub async fn read_by<S: AsyncReadRent>(
     deadline: Instant,
     pool: &BufPool,
 ) -> (io::Result<usize>, Block) {
-    match monoio::time::timeout(remaining(deadline), stream.read(buf)).await {
+    match until(deadline, stream.read(buf)).await {
         Ok(r) => r,
         Err(_) => (Err(timed_out()), pool.take()),
     }
@@ -46,7 +47,7 @@ pub async fn write_front_by<S: AsyncWriteRent>(
 ) -> (io::Result<()>, Block) {
     let n = n.min(buf.len());
     let write = stream.write_all(buf.slice(0..n));
-    match monoio::time::timeout(remaining(deadline), write).await {
+    match until(deadline, write).await {
         Ok((Ok(_), slice)) => {
             let mut buf = slice.into_inner();
             buf.consume(n);
@@ -74,7 +75,7 @@ pub async fn write_static_by<S: AsyncWriteRent>(
     bytes: &'static [u8],
     deadline: Instant,
 ) -> io::Result<()> {
-    match monoio::time::timeout(remaining(deadline), stream.write_all(bytes)).await {
+    match until(deadline, stream.write_all(bytes)).await {
         Ok((r, _)) => r.map(|_| ()),
         Err(_) => Err(timed_out()),
     }

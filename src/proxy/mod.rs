@@ -147,7 +147,7 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
             .trusted_proxies
             .iter()
             .any(|net| net.contains(&peer_ip)),
-        accepted: Instant::now(),
+        accepted: w.now(),
         linger: false,
         head_pending: false,
         aborted: false,
@@ -221,7 +221,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                     return HeadRead::Rejected(e.into());
                 }
             }
-            head_deadline.get_or_insert_with(|| Instant::now() + http.header_timeout);
+            head_deadline.get_or_insert_with(|| w.now() + http.header_timeout);
         }
         w.head_block(&mut rbuf);
         if rbuf.spare() == 0 {
@@ -239,7 +239,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                 if w.draining() {
                     return HeadRead::Closed;
                 }
-                let deadline = Instant::now() + http.idle_timeout;
+                let deadline = w.now() + http.idle_timeout;
                 match or_event(
                     &w.shutdown,
                     read_by(&mut conn.stream, rbuf, deadline, &w.pool),
@@ -398,7 +398,7 @@ async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -
             return false;
         };
         if rbuf.is_empty() {
-            let deadline = Instant::now() + w.gen.http.body_timeout;
+            let deadline = w.now() + w.gen.http.body_timeout;
             if remaining != u64::MAX {
                 rbuf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
@@ -453,7 +453,7 @@ async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -
 /// response written last is not lost to a reset.
 async fn linger_close(w: &Worker, mut conn: ClientConn) {
     let _ = conn.stream.shutdown().await;
-    let deadline = Instant::now() + LINGER_TIME;
+    let deadline = w.now() + LINGER_TIME;
     let mut buf = conn.rbuf.take().unwrap_or_else(|| w.pool.take());
     let mut total = 0;
     while total < LINGER_MAX_BYTES {

@@ -1,8 +1,6 @@
 //! Responses ringway writes itself: the JSON error envelope, configured `respond` actions and
 //! the reserved endpoints. The only place an error becomes bytes on the wire.
 
-use std::time::Instant;
-
 use monoio::net::TcpStream;
 
 use super::io::write_all_by;
@@ -76,7 +74,7 @@ pub async fn send(
         return false;
     }
     let mut body = if head_only { &[][..] } else { resp.body };
-    let deadline = Instant::now() + w.gen.http.send_timeout;
+    let deadline = w.now() + w.gen.http.send_timeout;
     loop {
         let n = out.spare().min(body.len());
         // Fits by construction: n <= spare.

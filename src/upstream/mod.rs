@@ -106,6 +106,7 @@ impl UpstreamRt {
     pub async fn acquire(
         &self,
         force_new: bool,
+        now: Instant,
         metrics: &WorkerMetrics,
     ) -> Result<UpConn, AcquireError> {
         let n = self.endpoint_count();
@@ -125,7 +126,6 @@ impl UpstreamRt {
                 }
                 let ep = &mut eps[(first + i) % len];
                 if !force_new {
-                    let now = Instant::now();
                     while let Some(conn) = ep.idle.pop(now, self.pool_idle_timeout) {
                         if conn.idle_usable() {
                             add(&metrics.pool_hits, 1);
@@ -163,7 +163,7 @@ impl UpstreamRt {
 
     /// Returns a connection whose exchange completed cleanly to its endpoint's idle pool (or
     /// closes it when the pool is full or the endpoint is gone).
-    pub fn release(&self, mut conn: UpConn) {
+    pub fn release(&self, mut conn: UpConn, now: Instant) {
         if self.pool_max_idle == 0 {
             return;
         }
@@ -173,7 +173,7 @@ impl UpstreamRt {
             .find(|e| e.addr == conn.addr() && Rc::ptr_eq(&e.authority, conn.authority_rc()))
         {
             conn.mark_reused();
-            ep.idle.push(conn, Instant::now(), self.pool_max_idle);
+            ep.idle.push(conn, now, self.pool_max_idle);
         }
     }
 

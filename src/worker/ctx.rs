@@ -52,6 +52,7 @@ pub struct Worker {
     pub slots: Event,
     draining: Cell<bool>,
     active: Cell<usize>,
+    clock: Cell<Instant>,
     endpoints_version: Cell<u64>,
     date: RefCell<(u64, [u8; DATE_LEN])>,
 }
@@ -82,6 +83,7 @@ impl Worker {
             slots: Event::default(),
             draining: Cell::new(false),
             active: Cell::new(0),
+            clock: Cell::new(Instant::now()),
             date: RefCell::new((0, [0; DATE_LEN])),
         };
         w.refresh_date();
@@ -102,6 +104,12 @@ impl Worker {
         if buf.is_empty() && buf.capacity() != self.pool.block_size() {
             *buf = self.pool.take();
         }
+    }
+
+    /// The worker's coarse clock, refreshed every tick: what deadlines are computed from, so
+    /// the request path never reads the system clock (timeouts are accurate to a tick).
+    pub fn now(&self) -> Instant {
+        self.clock.get()
     }
 
     /// This worker's metric shard.
@@ -159,6 +167,7 @@ impl Worker {
 
     /// Periodic housekeeping: clock, shutdown flag, DNS updates, idle pool reaping.
     pub fn tick(&self) {
+        self.clock.set(Instant::now());
         self.refresh_date();
         let version = self.shared.endpoints_version.load(Ordering::Acquire);
         if version != self.endpoints_version.get() {
@@ -170,7 +179,7 @@ impl Worker {
                 }
             }
         }
-        let now = Instant::now();
+        let now = self.now();
         for up in &self.upstreams {
             up.reap(now);
         }
