@@ -15,6 +15,7 @@ use ringway::http1::{parse_request, BodyFraming, ChunkedDecoder, HeadLimits, Req
 
 const SMALL: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 12\r\n\r\nhello world\n";
+const SMALL_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 12\r\nconnection: close\r\n\r\nhello world\n";
 const MIB: usize = 1024 * 1024;
 
 fn big_response() -> &'static [u8] {
@@ -115,7 +116,11 @@ async fn serve(mut s: TcpStream, big: &'static [u8]) {
                 }
             }
         } else {
-            let reply: &'static [u8] = if path_is_big { big } else { SMALL };
+            let reply: &'static [u8] = match (path_is_big, keep) {
+                (true, _) => big,
+                (false, true) => SMALL,
+                (false, false) => SMALL_CLOSE,
+            };
             let (res, _) = s.write_all(reply).await;
             if res.is_err() {
                 return;

@@ -248,7 +248,7 @@ def main():
         rounds, duration = args.rounds or 3, args.duration or 4
         scenarios = (args.scenarios or "small64,big").split(",")
     else:
-        rounds, duration = args.rounds or 3, args.duration or 8
+        rounds, duration = args.rounds or 3, args.duration or 5
         scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss").split(",")
     targets = args.targets.split(",")
 
@@ -346,7 +346,7 @@ def rss_check(running, targets):
         port = PORTS[t]
         before = rss_kib(pid)
         peak = before
-        for cmd in (f"head -c 1073741824 /dev/zero | curl -s -o /dev/null -w '%{{http_code}}' -H 'Expect:' --data-binary @- http://127.0.0.1:{port}/upload",
+        for cmd in (f"head -c 1073741824 /dev/zero | curl -s -o /dev/null -w '%{{http_code}}' -T - -X POST http://127.0.0.1:{port}/upload",
                     f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/1g"):
             p = subprocess.Popen(["taskset", "-c", str(LOADGEN_CPU), "sh", "-c", cmd], stdout=subprocess.PIPE, text=True)
             while p.poll() is None:
