@@ -57,13 +57,15 @@ pub enum ErrorKind {
     UpstreamInvalid,
     /// ringway is shutting down and no longer takes this request.
     ShuttingDown,
+    /// The matched route is in maintenance.
+    Maintenance,
     /// A bug or resource failure inside ringway.
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         ErrorKind::BadRequest,
         ErrorKind::HeadTooLarge,
         ErrorKind::UriTooLong,
@@ -80,6 +82,7 @@ impl ErrorKind {
         ErrorKind::UpstreamClosed,
         ErrorKind::UpstreamInvalid,
         ErrorKind::ShuttingDown,
+        ErrorKind::Maintenance,
         ErrorKind::Internal,
     ];
 
@@ -102,6 +105,7 @@ impl ErrorKind {
             ErrorKind::UpstreamClosed => 502,
             ErrorKind::UpstreamInvalid => 502,
             ErrorKind::ShuttingDown => 503,
+            ErrorKind::Maintenance => 503,
             ErrorKind::Internal => 500,
         })
     }
@@ -125,6 +129,7 @@ impl ErrorKind {
             ErrorKind::UpstreamClosed => "upstream_closed",
             ErrorKind::UpstreamInvalid => "upstream_invalid_response",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Maintenance => "maintenance",
             ErrorKind::Internal => "internal_error",
         }
     }
@@ -150,6 +155,7 @@ impl ErrorKind {
             ErrorKind::UpstreamClosed => "the upstream closed the connection",
             ErrorKind::UpstreamInvalid => "the upstream sent an invalid response",
             ErrorKind::ShuttingDown => "the gateway is shutting down",
+            ErrorKind::Maintenance => "this route is down for maintenance",
             ErrorKind::Internal => "internal error",
         }
     }
@@ -160,6 +166,7 @@ impl ErrorKind {
         !matches!(
             self,
             ErrorKind::NoRoute
+                | ErrorKind::Maintenance
                 | ErrorKind::UpstreamConnect
                 | ErrorKind::UpstreamConnectTimeout
                 | ErrorKind::UpstreamTimeout
@@ -294,7 +301,7 @@ mod tests {
 
     #[test]
     fn status_table() {
-        let expected: [(ErrorKind, Option<u16>, bool); 17] = [
+        let expected: [(ErrorKind, Option<u16>, bool); 18] = [
             (ErrorKind::BadRequest, Some(400), true),
             (ErrorKind::HeadTooLarge, Some(431), true),
             (ErrorKind::UriTooLong, Some(414), true),
@@ -311,6 +318,7 @@ mod tests {
             (ErrorKind::UpstreamClosed, Some(502), false),
             (ErrorKind::UpstreamInvalid, Some(502), false),
             (ErrorKind::ShuttingDown, Some(503), true),
+            (ErrorKind::Maintenance, Some(503), false),
             (ErrorKind::Internal, Some(500), false),
         ];
         for (kind, status, closes) in expected {

@@ -28,7 +28,7 @@ pub mod shared;
 pub mod upstream;
 pub mod worker;
 
-pub use server::{Server, ShutdownHandle, StartError};
+pub use server::{ReloadHandle, Server, ShutdownHandle, StartError};
 
 #[doc(hidden)]
 pub mod fuzzing;

@@ -70,10 +70,11 @@ fn run(gen: Generation) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(config = %source, "serving; SIGTERM or SIGINT drains and stops");
+    tracing::info!(config = %source, "serving; SIGHUP reloads, SIGTERM or SIGINT drains and stops");
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ]) {
         Ok(s) => s,
         Err(e) => {
@@ -84,12 +85,16 @@ fn run(gen: Generation) -> ExitCode {
         }
     };
     let handle = server.shutdown_handle();
+    let reload = server.reload_handle();
     let _ = std::thread::Builder::new()
         .name("ringway-signals".into())
         .spawn(move || {
             let mut first = true;
             for sig in signals.forever() {
-                if first {
+                if sig == signal_hook::consts::SIGHUP {
+                    tracing::info!("SIGHUP: reloading the config");
+                    reload.reload();
+                } else if first {
                     tracing::info!(signal = sig, "shutting down: draining in-flight requests");
                     handle.shutdown();
                     first = false;

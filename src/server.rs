@@ -4,13 +4,15 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::config::Generation;
+use crate::config::{CpuPinning, Generation};
+use crate::control::{Command, Control};
 use crate::net::{bind_group, BindError};
 use crate::shared::{DriverKind, Shared};
+use crate::worker::WorkerCommand;
 use crate::{control, net, worker};
 
 /// Why ringway could not start.
@@ -41,9 +43,34 @@ impl std::error::Error for StartError {}
 pub struct Server {
     shared: Arc<Shared>,
     addrs: Vec<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
     workers: Vec<JoinHandle<()>>,
     control: Option<JoinHandle<()>>,
+    admin: Option<JoinHandle<()>>,
+    commands: Sender<Command>,
     stop_control: Arc<AtomicBool>,
+}
+
+/// Asks the control thread to reload the config file (SIGHUP, tests).
+#[derive(Debug, Clone)]
+pub struct ReloadHandle(Sender<Command>);
+
+impl ReloadHandle {
+    /// Starts a reload and returns at once; the outcome is logged.
+    pub fn reload(&self) {
+        let _ = self.0.send(Command::Reload { reply: None });
+    }
+
+    /// Reloads and waits for the outcome: the new generation number, or why the running
+    /// config was kept.
+    pub fn reload_and_wait(&self) -> Result<u64, String> {
+        let (tx, rx) = mpsc::channel();
+        self.0
+            .send(Command::Reload { reply: Some(tx) })
+            .map_err(|_| "the control thread is not running".to_string())?;
+        rx.recv()
+            .map_err(|_| "the control thread stopped".to_string())?
+    }
 }
 
 /// Begins a graceful shutdown from anywhere (a signal handler thread, a test).
@@ -82,14 +109,35 @@ impl Server {
             }
         }
 
-        let shared = Arc::new(Shared::new(workers, endpoints, driver));
+        let admin_listener = match &gen.admin {
+            None => None,
+            Some(a) => Some(std::net::TcpListener::bind(a.address).map_err(|source| {
+                StartError::Bind(BindError {
+                    addr: a.address,
+                    source,
+                })
+            })?),
+        };
+        let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+        let head_block = (gen.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES)
+            .next_multiple_of(4096)
+            .max(16 * 1024);
+        let pinning = gen.cpus.clone();
+        let shared = Arc::new(Shared::new(workers, gen, endpoints, driver));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let mut handles = Vec::with_capacity(workers);
+        let mut worker_txs = Vec::with_capacity(workers);
         for (id, sockets) in per_worker.into_iter().enumerate() {
-            let (w_shared, w_gen, w_ready) = (shared.clone(), gen.clone(), ready_tx.clone());
+            let (cmd_tx, cmd_rx) = mpsc::channel::<WorkerCommand>();
+            worker_txs.push(cmd_tx);
+            let (w_shared, w_ready, w_pinning) =
+                (shared.clone(), ready_tx.clone(), pinning.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("ringway-w{id}"))
-                .spawn(move || worker_thread(id, driver, w_shared, w_gen, sockets, w_ready));
+                .spawn(move || {
+                    worker_thread(id, driver, w_shared, w_pinning, cmd_rx, sockets, w_ready)
+                });
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(e) => {
@@ -114,24 +162,44 @@ impl Server {
         }
 
         let stop_control = Arc::new(AtomicBool::new(false));
+        let (commands, commands_rx) = mpsc::channel::<Command>();
         let control = {
-            let (shared, stop) = (shared.clone(), stop_control.clone());
+            let state = Control::new(shared.clone(), worker_txs, head_block);
+            let stop = stop_control.clone();
             std::thread::Builder::new()
                 .name("ringway-control".into())
-                .spawn(move || control::run(shared, gen, stop))
+                .spawn(move || control::run(state, commands_rx, stop))
                 .map_err(|e| StartError::Worker(format!("cannot spawn the control thread: {e}")))?
+        };
+        let admin = match admin_listener {
+            None => None,
+            Some(listener) => {
+                let (commands, stop) = (commands.clone(), stop_control.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("ringway-admin".into())
+                        .spawn(move || control::admin::serve(listener, commands, stop))
+                        .map_err(|e| {
+                            StartError::Worker(format!("cannot spawn the admin thread: {e}"))
+                        })?,
+                )
+            }
         };
         tracing::info!(
             workers,
             driver = driver.name(),
             listeners = ?addrs,
+            admin = ?admin_addr,
             "ringway started"
         );
         Ok(Server {
             shared,
             addrs,
+            admin_addr,
             workers: handles,
             control: Some(control),
+            admin,
+            commands,
             stop_control,
         })
     }
@@ -139,6 +207,21 @@ impl Server {
     /// The bound listener addresses, in config order (real ports when 0 was configured).
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// The admin listener's address, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// A handle that asks for config reloads.
+    pub fn reload_handle(&self) -> ReloadHandle {
+        ReloadHandle(self.commands.clone())
+    }
+
+    /// The config generation in force.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation()
     }
 
     /// The driver the workers run on.
@@ -165,6 +248,9 @@ impl Server {
         if let Some(c) = self.control.take() {
             let _ = c.join();
         }
+        if let Some(a) = self.admin.take() {
+            let _ = a.join();
+        }
     }
 }
 
@@ -180,11 +266,12 @@ fn worker_thread(
     id: usize,
     driver: DriverKind,
     shared: Arc<Shared>,
-    gen: Arc<Generation>,
+    pinning: CpuPinning,
+    commands: mpsc::Receiver<WorkerCommand>,
     sockets: Vec<std::net::TcpListener>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
-    if let Some(cpu) = worker::runtime::pin(id, &gen.cpus) {
+    if let Some(cpu) = worker::runtime::pin(id, &pinning) {
         tracing::debug!(worker = id, cpu, "worker pinned");
     }
     let mut rt = match worker::runtime::build(driver) {
@@ -197,7 +284,7 @@ fn worker_thread(
             return;
         }
     };
-    rt.block_on(worker::serve(id, shared, gen, sockets, move |r| {
+    rt.block_on(worker::serve(id, shared, commands, sockets, move |r| {
         let _ = ready.send(r);
     }));
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
+use crate::config::Generation;
 use crate::observe::metrics::WorkerMetrics;
 
 /// One upstream endpoint after name resolution.
@@ -23,6 +24,17 @@ pub struct ResolvedEndpoint {
 
 /// Resolved endpoints, per upstream (same order as the generation's upstream list).
 pub type EndpointTable = Vec<Vec<ResolvedEndpoint>>;
+
+/// What the control thread publishes for workers: a generation and its resolved endpoints.
+#[derive(Debug)]
+pub struct Published {
+    /// Generation number: 1 at start, +1 per successful reload.
+    pub number: u64,
+    /// The compiled configuration.
+    pub gen: Arc<Generation>,
+    /// Its upstreams' endpoints.
+    pub endpoints: Arc<EndpointTable>,
+}
 
 /// Which monoio driver the workers run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,11 +61,16 @@ pub struct Shared {
     /// Set once by the control thread when graceful shutdown begins. Workers copy it into their
     /// own state on each tick: it must reach every core, and nothing else can tell them.
     pub draining: CachePadded<AtomicBool>,
-    /// Bumped by the control thread after it stores a changed `endpoints` table; workers compare
-    /// it on their tick and rebuild their endpoint lists (DNS answers are found off-core).
-    pub endpoints_version: CachePadded<AtomicU64>,
-    /// The latest resolved endpoints, published by the control thread.
-    pub endpoints: ArcSwap<EndpointTable>,
+    /// Bumped by the control thread after it stores a new `published` (a reload, or DNS answers
+    /// that changed); workers compare it on their tick. Config must reach every core, and only
+    /// the control thread reads files and resolves names.
+    pub version: CachePadded<AtomicU64>,
+    /// The generation in force, published by the control thread.
+    pub published: ArcSwap<Published>,
+    /// Reloads applied / refused, counted by the control thread for `/metrics` on any worker.
+    pub reloads_ok: CachePadded<AtomicU64>,
+    /// See `reloads_ok`.
+    pub reloads_failed: CachePadded<AtomicU64>,
     /// Per-worker metric shards: worker `i` is the only writer of `metrics[i]`; a `/metrics`
     /// scrape on any worker sums them all, so every shard must be readable from every core.
     pub metrics: Box<[CachePadded<WorkerMetrics>]>,
@@ -64,12 +81,23 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Cells for `workers` workers, with the endpoints resolved at start.
-    pub fn new(workers: usize, endpoints: EndpointTable, driver: DriverKind) -> Self {
+    /// Cells for `workers` workers, starting with generation 1.
+    pub fn new(
+        workers: usize,
+        gen: Arc<Generation>,
+        endpoints: EndpointTable,
+        driver: DriverKind,
+    ) -> Self {
         Shared {
             draining: CachePadded::new(AtomicBool::new(false)),
-            endpoints_version: CachePadded::new(AtomicU64::new(0)),
-            endpoints: ArcSwap::from_pointee(endpoints),
+            version: CachePadded::new(AtomicU64::new(0)),
+            published: ArcSwap::from_pointee(Published {
+                number: 1,
+                gen,
+                endpoints: Arc::new(endpoints),
+            }),
+            reloads_ok: CachePadded::new(AtomicU64::new(0)),
+            reloads_failed: CachePadded::new(AtomicU64::new(0)),
             metrics: (0..workers)
                 .map(|_| CachePadded::new(WorkerMetrics::default()))
                 .collect(),
@@ -83,9 +111,14 @@ impl Shared {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Publishes a new endpoint table (control thread only).
-    pub fn publish_endpoints(&self, table: EndpointTable) {
-        self.endpoints.store(Arc::new(table));
-        self.endpoints_version.fetch_add(1, Ordering::Release);
+    /// Publishes a generation (control thread only).
+    pub fn publish(&self, published: Published) {
+        self.published.store(Arc::new(published));
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// The number of the generation in force.
+    pub fn generation(&self) -> u64 {
+        self.published.load().number
     }
 }

@@ -2,8 +2,8 @@
 //! compilation into an immutable [`Generation`] (`validate.rs`).
 //!
 //! Ownership: a `Generation` is built on the control thread (or the CLI), then shared read-only
-//! by every worker through an `Arc`. Compiling does no I/O beyond reading the file: names in
-//! upstream endpoints are resolved later by `control::resolve`.
+//! by every worker through an `Arc`. Compiling reads the file and the `body_file`s it names,
+//! nothing else: names in upstream endpoints are resolved later by `control::resolve_all`.
 
 mod raw;
 mod validate;
@@ -38,6 +38,8 @@ pub struct Generation {
     pub log_level: String,
     /// Gateway-wide policy.
     pub gateway: GatewayConfig,
+    /// The admin listener (`POST /-/reload`), when configured.
+    pub admin: Option<AdminConfig>,
     /// Client-side HTTP limits and timeouts.
     pub http: HttpConfig,
     /// Listening sockets.
@@ -80,6 +82,16 @@ pub enum CpuPinning {
     /// No pinning.
     Off,
 }
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Where the admin endpoints listen (loopback by default).
+    pub address: SocketAddr,
+}
+
+/// Default admin address.
+pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9901";
 
 /// `[gateway]`
 #[derive(Debug, Clone, Default)]
@@ -291,6 +303,9 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
                 .join(", ")
         }
     );
+    if let Some(a) = &gen.admin {
+        let _ = writeln!(out, "admin: {} (POST /-/reload)", a.address);
+    }
     let _ = writeln!(out, "listeners:");
     for l in &gen.listeners {
         let _ = writeln!(out, "  {} (backlog {})", l.address, l.backlog);
@@ -331,44 +346,109 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
             u.pool_idle_timeout
         );
     }
-    let _ = writeln!(out, "routes (in match order):");
+    let _ = writeln!(
+        out,
+        "routes (config order; per host: priority, then exact > template > prefix > regex):"
+    );
     if gen.routes.routes().is_empty() {
         let _ = writeln!(out, "  (none: every request gets 404)");
     }
-    for (i, r) in gen.routes.routes().iter().enumerate() {
-        let action = match &r.action {
-            crate::route::Action::Proxy {
-                upstream,
-                strip_prefix,
-                preserve_host,
-            } => {
-                let mut s = format!(
-                    "proxy {}",
-                    gen.upstreams
-                        .get(*upstream)
-                        .map_or("?", |u| u.name.as_str())
-                );
-                if let Some(p) = strip_prefix {
-                    let _ = write!(s, ", strip {p}");
-                }
-                if *preserve_host {
-                    s.push_str(", preserve host");
-                }
-                s
-            }
-            crate::route::Action::Respond(l) => {
-                format!("respond {} ({} bytes)", l.status, l.body.len())
-            }
-        };
-        let _ = writeln!(
-            out,
-            "  {}. {} host={} prefix={} -> {}",
-            i + 1,
-            r.name,
-            r.host.as_deref().unwrap_or("*"),
-            r.path_prefix,
-            action
-        );
+    for r in gen.routes.routes() {
+        let _ = writeln!(out, "  {}. {}", r.index + 1, describe_route(gen, r));
+    }
+    for warning in gen.routes.conflicts() {
+        let _ = writeln!(out, "warning: {warning}");
     }
     out
+}
+
+/// One route's compiled form, on one line.
+pub fn describe_route(gen: &Generation, r: &crate::route::Route) -> String {
+    use crate::route::{Action, PathRewrite, ValueMatch};
+    use std::fmt::Write;
+    let mut s = format!("{} host={} {}", r.name, r.host, r.path);
+    if r.priority != 0 {
+        let _ = write!(s, " priority={}", r.priority);
+    }
+    let c = &r.criteria;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let value = |m: &ValueMatch| match m {
+        ValueMatch::Present => String::new(),
+        ValueMatch::Exact(v) => format!("={}", text(v)),
+    };
+    if !c.methods.is_empty() {
+        let m: Vec<String> = c.methods.iter().map(|m| text(m)).collect();
+        let _ = write!(s, " methods={}", m.join(","));
+    }
+    for (n, v) in &c.headers {
+        let _ = write!(s, " header:{}{}", text(n), value(v));
+    }
+    for (n, v) in &c.query {
+        let _ = write!(s, " query:{}{}", text(n), value(v));
+    }
+    for (n, v) in &c.cookies {
+        let _ = write!(s, " cookie:{}{}", text(n), value(v));
+    }
+    if let Some(a) = &c.accept {
+        let _ = write!(s, " accept={}/{}", text(&a.kind), text(&a.subtype));
+    }
+    s.push_str(" -> ");
+    match &r.action {
+        Action::Proxy(p) => {
+            let _ = write!(
+                s,
+                "proxy {}",
+                gen.upstreams
+                    .get(p.upstream)
+                    .map_or("?", |u| u.name.as_str())
+            );
+            match &p.rewrite {
+                PathRewrite::None => {}
+                PathRewrite::Prefix { strip, add } => {
+                    if let Some(x) = strip {
+                        let _ = write!(s, ", strip {x}");
+                    }
+                    if let Some(x) = add {
+                        let _ = write!(s, ", add {x}");
+                    }
+                }
+                PathRewrite::Regex(rw) => {
+                    let _ = write!(s, ", rewrite {} => {}", rw.regex.as_str(), rw.replacement);
+                }
+            }
+            if p.preserve_host {
+                s.push_str(", preserve host");
+            }
+            if let Some(t) = p.response_timeout {
+                let _ = write!(s, ", response timeout {t:?}");
+            }
+            if let Some(t) = p.read_timeout {
+                let _ = write!(s, ", read timeout {t:?}");
+            }
+        }
+        Action::Redirect(rd) => {
+            let _ = write!(
+                s,
+                "redirect {} to scheme={} host={} port={} path={}",
+                rd.status,
+                rd.scheme.as_deref().unwrap_or("(request)"),
+                rd.host.as_deref().unwrap_or("(request)"),
+                rd.port.map_or("(request)".to_string(), |p| p.to_string()),
+                rd.path.as_deref().unwrap_or("(request)")
+            );
+        }
+        Action::Respond(l) => {
+            let _ = write!(s, "respond {} ({} bytes)", l.status, l.body.len());
+        }
+    }
+    if let Some(n) = r.limits.max_body_bytes {
+        let _ = write!(s, "; body <= {n} bytes");
+    }
+    if let Some(n) = r.limits.max_head_bytes {
+        let _ = write!(s, "; head <= {n} bytes");
+    }
+    if let Some(m) = &r.maintenance {
+        let _ = write!(s, "; IN MAINTENANCE (503, retry after {:?})", m.retry_after);
+    }
+    s
 }

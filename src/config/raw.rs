@@ -16,6 +16,7 @@ pub(crate) struct RawConfig {
     pub(crate) log_level: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) gateway: RawGateway,
+    pub(crate) admin: Option<RawAdmin>,
     #[serde(default)]
     pub(crate) http: RawHttp,
     #[serde(default)]
@@ -32,6 +33,12 @@ pub(crate) struct RawConfig {
 pub(crate) enum RawWorkers {
     Count(i64),
     Named(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub(crate) address: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -78,20 +85,75 @@ pub(crate) struct RawUpstream {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRoute {
     pub(crate) name: Option<Spanned<String>>,
+    pub(crate) priority: Option<Spanned<i64>>,
     pub(crate) host: Option<Spanned<String>>,
-    pub(crate) path_prefix: Spanned<String>,
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) path_template: Option<Spanned<String>>,
+    pub(crate) path_prefix: Option<Spanned<String>>,
+    pub(crate) path_regex: Option<Spanned<String>>,
+    pub(crate) methods: Option<Vec<Spanned<String>>>,
+    pub(crate) headers: Option<BTreeMap<String, Spanned<RawValueMatch>>>,
+    pub(crate) query: Option<BTreeMap<String, Spanned<RawValueMatch>>>,
+    pub(crate) cookies: Option<BTreeMap<String, Spanned<RawValueMatch>>>,
+    pub(crate) accept: Option<Spanned<String>>,
     pub(crate) proxy: Option<Spanned<String>>,
     pub(crate) strip_prefix: Option<Spanned<String>>,
+    pub(crate) add_prefix: Option<Spanned<String>>,
+    pub(crate) rewrite: Option<Spanned<RawRewrite>>,
     pub(crate) preserve_host: Option<Spanned<bool>>,
+    pub(crate) response_timeout: Option<Spanned<String>>,
+    pub(crate) read_timeout: Option<Spanned<String>>,
+    pub(crate) redirect: Option<Spanned<RawRedirect>>,
     pub(crate) respond: Option<Spanned<RawRespond>>,
+    pub(crate) limits: Option<Spanned<RawLimits>>,
+    pub(crate) maintenance: Option<Spanned<RawMaintenance>>,
+}
+
+/// `"value"` (exact) or `true` (present with any value).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawValueMatch {
+    Exact(String),
+    Present(bool),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRewrite {
+    pub(crate) pattern: Spanned<String>,
+    pub(crate) replacement: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedirect {
+    pub(crate) status: Option<Spanned<i64>>,
+    pub(crate) scheme: Option<Spanned<String>>,
+    pub(crate) host: Option<Spanned<String>>,
+    pub(crate) port: Option<Spanned<i64>>,
+    pub(crate) path: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRespond {
     pub(crate) status: Spanned<i64>,
-    #[serde(default)]
-    pub(crate) body: String,
+    pub(crate) body: Option<String>,
+    pub(crate) body_file: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) headers: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub(crate) max_body_bytes: Option<Spanned<i64>>,
+    pub(crate) max_head_bytes: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMaintenance {
+    pub(crate) message: Option<String>,
+    pub(crate) retry_after: Option<Spanned<String>>,
 }

@@ -1,7 +1,7 @@
 //! Raw TOML → checked [`Generation`]. Parse, don't validate: what comes out cannot be invalid
 //! (non-empty endpoint lists, durations above zero, routes that name existing upstreams).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::time::Duration;
@@ -9,14 +9,20 @@ use std::time::Duration;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::raw::{RawConfig, RawRespond, RawRoute, RawUpstream, RawWorkers};
+use super::raw::{
+    RawConfig, RawRedirect, RawRespond, RawRoute, RawUpstream, RawValueMatch, RawWorkers,
+};
 use super::{
-    ConfigError, CpuPinning, EndpointSpec, GatewayConfig, Generation, HttpConfig, ListenerConfig,
-    UpstreamConfig, Workers,
+    AdminConfig, ConfigError, CpuPinning, EndpointSpec, GatewayConfig, Generation, HttpConfig,
+    ListenerConfig, UpstreamConfig, Workers,
 };
 use crate::http1::head::valid_host;
 use crate::http1::{is_tchar, HeadLimits, HeaderKind, MAX_HEADERS_HARD_LIMIT};
-use crate::route::{Action, LocalResponse, Route, RouteTable, MAX_LOCAL_HEADERS};
+use crate::route::{
+    Action, Criteria, HostMatch, LocalResponse, Maintenance, MediaType, PathMatch, PathRewrite,
+    ProxyAction, Redirect, RegexRewrite, Route, RouteLimits, RouteTable, Template, ValueMatch,
+    MAX_LOCAL_HEADERS,
+};
 
 /// Most workers a config may ask for.
 pub(super) const MAX_WORKERS: usize = 1024;
@@ -24,6 +30,8 @@ pub(super) const MAX_WORKERS: usize = 1024;
 struct Ctx<'a> {
     text: &'a str,
     source: &'a str,
+    /// Directory that relative paths in the config (body_file) are relative to.
+    base_dir: std::path::PathBuf,
 }
 
 impl Ctx<'_> {
@@ -111,7 +119,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Compiles config `text` read from `source` (used in messages).
 pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
-    let ctx = Ctx { text, source };
+    let base_dir = std::path::Path::new(source)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty() && !source.starts_with('<'))
+        .map_or_else(|| std::path::PathBuf::from("."), |p| p.to_path_buf());
+    let ctx = Ctx {
+        text,
+        source,
+        base_dir,
+    };
     let raw: RawConfig = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
         ctx.error(span, e.message().trim().to_string())
@@ -168,6 +184,22 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 
     let http = compile_http(&ctx, &raw)?;
 
+    let admin = match &raw.admin {
+        None => None,
+        Some(a) => {
+            let address = match &a.address {
+                None => super::DEFAULT_ADMIN_ADDRESS.parse().ok(),
+                Some(s) => Some(s.get_ref().trim().parse::<SocketAddr>().map_err(|_| {
+                    ctx.error(
+                        s.span(),
+                        format!("`{}` is not an IP:port address", s.get_ref()),
+                    )
+                })?),
+            };
+            address.map(|address| AdminConfig { address })
+        }
+    };
+
     if raw.listeners.is_empty() {
         return Err(ctx.error(
             0..0,
@@ -214,8 +246,10 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 
     let mut routes = Vec::new();
     for (i, r) in raw.routes.iter().enumerate() {
-        routes.push(compile_route(&ctx, i, r.get_ref(), &upstreams)?);
+        routes.push(compile_route(&ctx, i, r.get_ref(), r.span(), &upstreams)?);
     }
+    let routes = RouteTable::new(routes)
+        .map_err(|e| ctx.error(0..0, format!("cannot compile the route regexes: {e}")))?;
 
     Ok(Generation {
         source: source.to_string(),
@@ -224,10 +258,11 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         shutdown_timeout,
         log_level,
         gateway: GatewayConfig { trusted_proxies },
+        admin,
         http,
         listeners,
         upstreams,
-        routes: RouteTable::new(routes),
+        routes,
     })
 }
 
@@ -357,86 +392,406 @@ fn compile_route(
     ctx: &Ctx<'_>,
     index: usize,
     r: &RawRoute,
+    span: Range<usize>,
     upstreams: &[UpstreamConfig],
 ) -> Result<Route, ConfigError> {
     let name = match &r.name {
         Some(n) => n.get_ref().clone(),
         None => format!("route-{}", index + 1),
     };
-    let prefix = r.path_prefix.get_ref();
-    if !prefix.starts_with('/') || prefix.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+    let priority = match &r.priority {
+        None => 0,
+        Some(p) => i32::try_from(*p.get_ref())
+            .ok()
+            .filter(|p| (-1000..=1000).contains(p))
+            .ok_or_else(|| ctx.error(p.span(), "priority must be from -1000 to 1000"))?,
+    };
+    let host = match &r.host {
+        None => HostMatch::Any,
+        Some(h) => compile_host(h.get_ref()).map_err(|why| ctx.error(h.span(), why))?,
+    };
+    let path = compile_path_match(ctx, r, span.clone(), &name)?;
+    let criteria = compile_criteria(ctx, r)?;
+    let actions = [r.proxy.is_some(), r.redirect.is_some(), r.respond.is_some()];
+    if actions.iter().filter(|a| **a).count() != 1 {
         return Err(ctx.error(
-            r.path_prefix.span(),
-            format!("path_prefix `{prefix}` must start with '/' and contain no spaces or control characters"),
+            span,
+            format!("route `{name}` needs exactly one action: `proxy = \"<upstream>\"`, `redirect = {{ ... }}` or `respond = {{ ... }}`"),
         ));
     }
-    let host = match &r.host {
-        None => None,
-        Some(h) => {
-            let text = h.get_ref().trim().to_ascii_lowercase();
-            if text.is_empty() || !valid_host(text.as_bytes()) {
-                return Err(ctx.error(h.span(), format!("`{text}` is not a valid host name")));
-            }
-            let (host, _) = crate::http1::head::split_host_port(text.as_bytes());
-            Some(String::from_utf8_lossy(host).into_owned())
-        }
-    };
-    let action = match (&r.proxy, &r.respond) {
-        (Some(p), None) => {
-            let upstream = upstreams
-                .iter()
-                .position(|u| u.name == *p.get_ref())
-                .ok_or_else(|| {
-                    let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                    ctx.error(
-                        p.span(),
-                        format!(
-                            "route `{name}` proxies to upstream `{}`, which is not defined (defined: {})",
-                            p.get_ref(),
-                            if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                        ),
-                    )
-                })?;
-            let strip_prefix = match &r.strip_prefix {
-                None => None,
-                Some(s) if s.get_ref().starts_with('/') => Some(s.get_ref().clone()),
-                Some(s) => {
-                    return Err(ctx.error(s.span(), "strip_prefix must start with '/'"));
+    let proxy_only = [
+        r.strip_prefix.as_ref().map(|s| s.span()),
+        r.add_prefix.as_ref().map(|s| s.span()),
+        r.rewrite.as_ref().map(|s| s.span()),
+        r.preserve_host.as_ref().map(|s| s.span()),
+        r.response_timeout.as_ref().map(|s| s.span()),
+        r.read_timeout.as_ref().map(|s| s.span()),
+    ];
+    let action = if let Some(p) = &r.proxy {
+        let upstream = upstreams
+            .iter()
+            .position(|u| u.name == *p.get_ref())
+            .ok_or_else(|| {
+                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                ctx.error(
+                    p.span(),
+                    format!(
+                        "route `{name}` proxies to upstream `{}`, which is not defined (defined: {})",
+                        p.get_ref(),
+                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    ),
+                )
+            })?;
+        let slash_prefix =
+            |v: &Option<Spanned<String>>, key: &str| -> Result<Option<String>, ConfigError> {
+                match v {
+                    None => Ok(None),
+                    Some(s) if s.get_ref().starts_with('/') && valid_path_bytes(s.get_ref()) => {
+                        Ok(Some(s.get_ref().clone()))
+                    }
+                    Some(s) => Err(ctx.error(
+                        s.span(),
+                        format!("{key} must start with '/' and be a valid path"),
+                    )),
                 }
             };
-            Action::Proxy {
-                upstream,
-                strip_prefix,
-                preserve_host: r.preserve_host.as_ref().is_some_and(|p| *p.get_ref()),
+        let strip = slash_prefix(&r.strip_prefix, "strip_prefix")?;
+        let add = slash_prefix(&r.add_prefix, "add_prefix")?;
+        let rewrite = match &r.rewrite {
+            Some(rw) if strip.is_some() || add.is_some() => {
+                return Err(ctx.error(
+                    rw.span(),
+                    "use either `rewrite` or `strip_prefix`/`add_prefix`, not both",
+                ))
             }
+            Some(rw) => {
+                let raw = rw.get_ref();
+                PathRewrite::Regex(
+                    RegexRewrite::new(raw.pattern.get_ref(), raw.replacement.get_ref())
+                        .map_err(|why| ctx.error(raw.pattern.span(), why))?,
+                )
+            }
+            None if strip.is_some() || add.is_some() => PathRewrite::Prefix { strip, add },
+            None => PathRewrite::None,
+        };
+        let opt_duration = |v: &Option<Spanned<String>>| -> Result<Option<Duration>, ConfigError> {
+            v.as_ref()
+                .map(|d| parse_duration(d.get_ref()).map_err(|why| ctx.error(d.span(), why)))
+                .transpose()
+        };
+        Action::Proxy(ProxyAction {
+            upstream,
+            rewrite,
+            preserve_host: r.preserve_host.as_ref().is_some_and(|p| *p.get_ref()),
+            response_timeout: opt_duration(&r.response_timeout)?,
+            read_timeout: opt_duration(&r.read_timeout)?,
+        })
+    } else {
+        if let Some(span) = proxy_only.into_iter().flatten().next() {
+            return Err(ctx.error(span, "this key applies to proxy routes only"));
         }
-        (None, Some(resp)) => {
-            if let Some(s) = &r.strip_prefix {
-                return Err(ctx.error(s.span(), "strip_prefix applies to proxy routes only"));
-            }
-            if let Some(p) = &r.preserve_host {
-                return Err(ctx.error(p.span(), "preserve_host applies to proxy routes only"));
-            }
+        if let Some(rd) = &r.redirect {
+            Action::Redirect(compile_redirect(ctx, rd)?)
+        } else if let Some(resp) = &r.respond {
             Action::Respond(compile_respond(ctx, resp)?)
+        } else {
+            unreachable_action(ctx, span.clone())?
         }
-        (Some(p), Some(_)) => {
-            return Err(ctx.error(
-                p.span(),
-                format!("route `{name}` has both `proxy` and `respond`: choose one"),
-            ))
+    };
+    let limits = match &r.limits {
+        None => RouteLimits::default(),
+        Some(l) => {
+            let l = l.get_ref();
+            RouteLimits {
+                max_body_bytes: l
+                    .max_body_bytes
+                    .as_ref()
+                    .map(|v| {
+                        ctx.int(
+                            &Some(v.clone()),
+                            0,
+                            0..i64::MAX as u64,
+                            "limits.max_body_bytes",
+                        )
+                    })
+                    .transpose()?,
+                max_head_bytes: l
+                    .max_head_bytes
+                    .as_ref()
+                    .map(|v| {
+                        ctx.int(
+                            &Some(v.clone()),
+                            0,
+                            64..1024 * 1024,
+                            "limits.max_head_bytes",
+                        )
+                        .map(|n| n as usize)
+                    })
+                    .transpose()?,
+            }
         }
-        (None, None) => {
-            return Err(ctx.error(
-                r.path_prefix.span(),
-                format!("route `{name}` has no action: add `proxy = \"<upstream>\"` or `respond = {{ ... }}`"),
-            ))
+    };
+    let maintenance = match &r.maintenance {
+        None => None,
+        Some(m) => {
+            let m = m.get_ref();
+            if m.message
+                .as_deref()
+                .is_some_and(|t| t.chars().any(char::is_control))
+            {
+                return Err(ctx.error(
+                    span,
+                    "maintenance.message may not contain control characters",
+                ));
+            }
+            Some(Maintenance {
+                message: m
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| "this route is down for maintenance".to_string()),
+                retry_after: ctx.duration(&m.retry_after, Duration::from_secs(60))?,
+            })
         }
     };
     Ok(Route {
         name,
+        index,
+        priority,
         host,
-        path_prefix: prefix.clone(),
+        path,
+        criteria,
         action,
+        limits,
+        maintenance,
+    })
+}
+
+fn unreachable_action(ctx: &Ctx<'_>, span: Range<usize>) -> Result<Action, ConfigError> {
+    // invariant: exactly one action was checked above.
+    Err(ctx.error(span, "a route needs an action"))
+}
+
+fn valid_path_bytes(p: &str) -> bool {
+    p.bytes()
+        .all(|b| (0x21..0x7f).contains(&b) && b != b'?' && b != b'#')
+}
+
+/// `example.com`, `Example.COM:8080` (port ignored) or `*.example.com`.
+fn compile_host(text: &str) -> Result<HostMatch, String> {
+    let text = text.trim().to_ascii_lowercase();
+    if let Some(suffix) = text.strip_prefix("*.") {
+        if suffix.is_empty()
+            || suffix.contains('*')
+            || !valid_host(suffix.as_bytes())
+            || suffix.contains(':')
+        {
+            return Err(format!(
+                "`{text}` is not a valid wildcard host (like \"*.example.com\")"
+            ));
+        }
+        return Ok(HostMatch::Wildcard(format!(".{suffix}")));
+    }
+    if text.is_empty() || text.contains('*') || !valid_host(text.as_bytes()) {
+        return Err(format!("`{text}` is not a valid host name"));
+    }
+    let (host, _) = crate::http1::head::split_host_port(text.as_bytes());
+    let host = String::from_utf8_lossy(host)
+        .trim_end_matches('.')
+        .to_string();
+    Ok(HostMatch::Exact(host))
+}
+
+fn compile_path_match(
+    ctx: &Ctx<'_>,
+    r: &RawRoute,
+    span: Range<usize>,
+    name: &str,
+) -> Result<PathMatch, ConfigError> {
+    let given: Vec<(&str, &Spanned<String>)> = [
+        ("path", &r.path),
+        ("path_template", &r.path_template),
+        ("path_prefix", &r.path_prefix),
+        ("path_regex", &r.path_regex),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    .collect();
+    let (key, value) = match given.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(ctx.error(
+                span,
+                format!(
+                    "route `{name}` needs one of path, path_template, path_prefix or path_regex"
+                ),
+            ))
+        }
+        [_, (k, v), ..] => {
+            return Err(ctx.error(
+                v.span(),
+                format!("route `{name}` has more than one path matcher (`{k}` too)"),
+            ))
+        }
+    };
+    let text = value.get_ref();
+    let bad = |why: String| ctx.error(value.span(), why);
+    match key {
+        "path" | "path_prefix" => {
+            if !text.starts_with('/') || !valid_path_bytes(text) {
+                return Err(bad(format!("{key} `{text}` must start with '/' and contain no spaces, control characters, '?' or '#'")));
+            }
+            Ok(if key == "path" {
+                PathMatch::Exact(text.clone())
+            } else {
+                PathMatch::Prefix(text.clone())
+            })
+        }
+        "path_template" => Template::parse(text).map(PathMatch::Template).map_err(bad),
+        _ => {
+            regex_automata::meta::Regex::new(text)
+                .map_err(|e| bad(format!("invalid path_regex: {e}")))?;
+            Ok(PathMatch::Regex(text.clone()))
+        }
+    }
+}
+
+/// A criterion's name and value match.
+type NamedMatch = (Box<[u8]>, ValueMatch);
+
+fn compile_value_matches(
+    ctx: &Ctx<'_>,
+    map: &Option<BTreeMap<String, Spanned<RawValueMatch>>>,
+    what: &str,
+    lowercase: bool,
+) -> Result<Vec<NamedMatch>, ConfigError> {
+    let mut out = Vec::new();
+    for (name, v) in map.iter().flatten() {
+        if name.is_empty() || (lowercase && !name.bytes().all(is_tchar)) {
+            return Err(ctx.error(v.span(), format!("`{name}` is not a valid {what} name")));
+        }
+        let key: Box<[u8]> = if lowercase {
+            name.to_ascii_lowercase().into_bytes().into()
+        } else {
+            name.as_bytes().into()
+        };
+        let m = match v.get_ref() {
+            RawValueMatch::Present(true) => ValueMatch::Present,
+            RawValueMatch::Present(false) => {
+                return Err(ctx.error(
+                    v.span(),
+                    format!(
+                        "{what} `{name}`: use a string for an exact value or `true` for presence"
+                    ),
+                ))
+            }
+            RawValueMatch::Exact(s) => ValueMatch::Exact(s.as_bytes().into()),
+        };
+        out.push((key, m));
+    }
+    Ok(out)
+}
+
+fn compile_criteria(ctx: &Ctx<'_>, r: &RawRoute) -> Result<Criteria, ConfigError> {
+    let mut methods = Vec::new();
+    for m in r.methods.iter().flatten() {
+        let t = m.get_ref();
+        if t.is_empty() || !t.bytes().all(is_tchar) {
+            return Err(ctx.error(m.span(), format!("`{t}` is not a method token")));
+        }
+        methods.push(t.as_bytes().into());
+    }
+    let accept = match &r.accept {
+        None => None,
+        Some(a) => Some(MediaType::parse(a.get_ref()).ok_or_else(|| {
+            ctx.error(
+                a.span(),
+                format!(
+                    "`{}` is not a media type like \"application/json\"",
+                    a.get_ref()
+                ),
+            )
+        })?),
+    };
+    Ok(Criteria {
+        methods,
+        headers: compile_value_matches(ctx, &r.headers, "header", true)?,
+        query: compile_value_matches(ctx, &r.query, "query parameter", false)?,
+        cookies: compile_value_matches(ctx, &r.cookies, "cookie", false)?,
+        accept,
+    })
+}
+
+fn compile_redirect(ctx: &Ctx<'_>, rd: &Spanned<RawRedirect>) -> Result<Redirect, ConfigError> {
+    let r = rd.get_ref();
+    let status = match &r.status {
+        None => 302,
+        Some(s) if [301, 302, 303, 307, 308].contains(s.get_ref()) => *s.get_ref() as u16,
+        Some(s) => {
+            return Err(ctx.error(
+                s.span(),
+                "redirect.status must be 301, 302, 303, 307 or 308",
+            ))
+        }
+    };
+    let scheme = match &r.scheme {
+        None => None,
+        Some(s) if matches!(s.get_ref().as_str(), "http" | "https") => Some(s.get_ref().clone()),
+        Some(s) => return Err(ctx.error(s.span(), "redirect.scheme must be http or https")),
+    };
+    let host = match &r.host {
+        None => None,
+        Some(h)
+            if !h.get_ref().is_empty()
+                && !h.get_ref().contains(':')
+                && valid_host(h.get_ref().as_bytes()) =>
+        {
+            Some(h.get_ref().to_ascii_lowercase())
+        }
+        Some(h) => {
+            return Err(ctx.error(
+                h.span(),
+                "redirect.host must be a host name without a port (use redirect.port)",
+            ))
+        }
+    };
+    let port = match &r.port {
+        None => None,
+        Some(p) => Some(
+            u16::try_from(*p.get_ref())
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ctx.error(p.span(), "redirect.port must be from 1 to 65535"))?,
+        ),
+    };
+    let path = match &r.path {
+        None => None,
+        Some(p)
+            if p.get_ref().starts_with('/')
+                && p.get_ref()
+                    .bytes()
+                    .all(|b| (0x21..0x7f).contains(&b) && b != b'#') =>
+        {
+            Some(p.get_ref().clone())
+        }
+        Some(p) => {
+            return Err(ctx.error(
+                p.span(),
+                "redirect.path must start with '/' and contain no spaces or control characters",
+            ))
+        }
+    };
+    if scheme.is_none() && host.is_none() && port.is_none() && path.is_none() {
+        return Err(ctx.error(
+            rd.span(),
+            "a redirect must change something: set scheme, host, port or path",
+        ));
+    }
+    Ok(Redirect {
+        status,
+        scheme,
+        host,
+        port,
+        path,
     })
 }
 
@@ -449,7 +804,23 @@ fn compile_respond(
     if !(200..=599).contains(&status) {
         return Err(ctx.error(r.status.span(), "respond.status must be from 200 to 599"));
     }
-    if (status == 204 || status == 304) && !r.body.is_empty() {
+    let body = match (&r.body, &r.body_file) {
+        (Some(_), Some(f)) => {
+            return Err(ctx.error(f.span(), "set `body` or `body_file`, not both"))
+        }
+        (Some(b), None) => b.clone().into_bytes(),
+        (None, Some(f)) => {
+            let path = ctx.base_dir.join(f.get_ref());
+            std::fs::read(&path).map_err(|e| {
+                ctx.error(
+                    f.span(),
+                    format!("cannot read body_file {}: {e}", path.display()),
+                )
+            })?
+        }
+        (None, None) => Vec::new(),
+    };
+    if (status == 204 || status == 304) && !body.is_empty() {
         return Err(ctx.error(
             r.status.span(),
             format!("a {status} response has no body: remove `body`"),
@@ -474,6 +845,7 @@ fn compile_respond(
         if kind == HeaderKind::ContentLength
             || kind.is_hop_by_hop()
             || kind == HeaderKind::XRequestId
+            || name.eq_ignore_ascii_case("date")
         {
             return Err(ctx.error(
                 value.span(),
@@ -495,7 +867,7 @@ fn compile_respond(
     Ok(LocalResponse {
         status: status as u16,
         headers,
-        body: r.body.clone().into_bytes(),
+        body,
     })
 }
 
@@ -579,10 +951,25 @@ mod tests {
             "t.toml",
         )
         .unwrap();
-        let r = g.routes.lookup(b"example.com", b"/api/x").unwrap();
-        assert_eq!(r.host.as_deref(), Some("example.com"));
-        assert!(matches!(r.action, Action::Proxy { upstream: 0, .. }));
-        let r = g.routes.lookup(b"other", b"/x").unwrap();
+        let headers = crate::route::HeaderList::default();
+        let mut scratch = g.routes.scratch();
+        let mut find = |host: &'static [u8], path: &'static [u8]| {
+            let req = crate::route::RouteRequest {
+                method: b"GET",
+                host,
+                path,
+                query: b"",
+                headers: &headers,
+            };
+            g.routes.lookup(&req, &mut scratch).map(|m| m.route.clone())
+        };
+        let r = find(b"example.com", b"/api/x").unwrap();
+        assert_eq!(r.host, HostMatch::Exact("example.com".into()));
+        assert!(matches!(
+            r.action,
+            Action::Proxy(ProxyAction { upstream: 0, .. })
+        ));
+        let r = find(b"other", b"/x").unwrap();
         assert!(matches!(&r.action, Action::Respond(l) if l.body == b"hi"));
     }
 
@@ -593,7 +980,7 @@ mod tests {
         ));
         assert_eq!(e.line, 4, "{e}");
         let e = err(&format!("{MIN}[[routes]]\npath_prefix = \"/\"\n"));
-        assert!(e.message.contains("no action"), "{e}");
+        assert!(e.message.contains("exactly one action"), "{e}");
         let e = err(&format!(
             "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, headers = {{ \"content-length\" = \"1\" }} }}\n"
         ));

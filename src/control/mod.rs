@@ -1,16 +1,28 @@
-//! The control thread: everything slow, off the workers. Resolves upstream names at start and
-//! every [`DNS_REFRESH`] after, publishing changes through `shared.rs`; keeps the last answer
-//! when a lookup fails (RFC 8767: serve stale).
+//! The control thread: everything slow, off the workers.
+//! - Reloads: on SIGHUP, `POST /-/reload` on the admin listener (`admin.rs`), or a change of the
+//!   config file (its modification time and size polled every second, its content hashed),
+//!   it parses, validates and compiles a new generation, resolves its names and binds its new
+//!   listeners; only then is it published. Any error keeps the running generation.
+//! - DNS: upstream names are resolved again every [`DNS_REFRESH`]; a failed lookup keeps the
+//!   last answer (RFC 8767: serve stale).
 //!
-//! Ownership: runs on its own std thread; talks to workers only through `Shared`.
+//! Ownership: runs on its own std thread; talks to workers only through `Shared` (generations)
+//! and one channel per worker (listener sockets), which workers poll on their tick.
 
+pub mod admin;
+
+use std::hash::{Hash, Hasher};
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::{EndpointSpec, Generation};
-use crate::shared::{EndpointTable, ResolvedEndpoint, Shared};
+use crate::config::{compile, EndpointSpec, Generation};
+use crate::net::bind_group;
+use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared};
+use crate::worker::WorkerCommand;
 
 /// How often endpoint names are resolved again.
 pub const DNS_REFRESH: Duration = Duration::from_secs(10);
@@ -84,23 +96,246 @@ fn refresh(gen: &Generation, previous: &EndpointTable) -> EndpointTable {
     table
 }
 
+/// What the control thread is asked to do.
+#[derive(Debug)]
+pub enum Command {
+    /// Re-read the config file and apply it; the outcome (the new generation number, or why
+    /// the running one was kept) goes to `reply` when given.
+    Reload {
+        /// Where to send the outcome.
+        reply: Option<Sender<Result<u64, String>>>,
+    },
+}
+
+/// How often the config file's modification time and size are looked at.
+const FILE_POLL: Duration = Duration::from_secs(1);
+
+/// What identifies a version of the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+    })
+}
+
+fn hash_text(text: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// The control thread's state.
+#[derive(Debug)]
+pub struct Control {
+    shared: Arc<Shared>,
+    /// The config file, when ringway was started from one.
+    source: Option<PathBuf>,
+    workers: Vec<Sender<WorkerCommand>>,
+    /// Head block size the workers were started with (a larger head limit needs a restart).
+    head_block_limit: usize,
+    file_stamp: Option<FileStamp>,
+    file_hash: Option<u64>,
+}
+
+impl Control {
+    /// The control state for a server started from `shared`'s generation; `workers` carry
+    /// listener changes to each worker.
+    pub fn new(
+        shared: Arc<Shared>,
+        workers: Vec<Sender<WorkerCommand>>,
+        head_block_limit: usize,
+    ) -> Control {
+        let gen = shared.published.load().gen.clone();
+        let source = (!gen.source.starts_with('<')).then(|| PathBuf::from(&gen.source));
+        let file_stamp = source.as_deref().and_then(stamp);
+        let file_hash = source
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|t| hash_text(&t));
+        Control {
+            shared,
+            source,
+            workers,
+            head_block_limit,
+            file_stamp,
+            file_hash,
+        }
+    }
+
+    /// Re-reads the config file and applies it: new routes, upstreams, limits and listeners.
+    /// On any error the running generation stays and the error is returned (and logged).
+    pub fn reload(&mut self, why: &str) -> Result<u64, String> {
+        let result = self.try_reload();
+        match &result {
+            Ok(n) => {
+                self.shared.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(generation = n, trigger = why, "config reloaded");
+            }
+            Err(e) => {
+                self.shared.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(trigger = why, error = %e, "config reload refused; the running config stays");
+            }
+        }
+        result
+    }
+
+    fn try_reload(&mut self) -> Result<u64, String> {
+        let Some(path) = self.source.clone() else {
+            return Err("ringway was started without a config file (`ringway proxy`)".into());
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("{}: cannot read the config file: {e}", path.display()))?;
+        self.file_hash = Some(hash_text(&text));
+        self.file_stamp = stamp(&path);
+        let gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+        let endpoints = resolve_all(&gen).map_err(|e| format!("{}: {e}", path.display()))?;
+        let current = self.shared.published.load_full();
+        let old = &current.gen;
+
+        // What a reload cannot change: keep running with it, say so.
+        let mut restart = Vec::new();
+        if gen.workers != old.workers {
+            restart.push("workers");
+        }
+        if gen.cpus != old.cpus {
+            restart.push("cpus");
+        }
+        if gen.log_level != old.log_level {
+            restart.push("log_level");
+        }
+        if gen.admin != old.admin {
+            restart.push("admin");
+        }
+        if gen.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES
+            > self.head_block_limit
+        {
+            restart.push("http.max_head_bytes (above the size the workers started with)");
+        }
+        for l in &gen.listeners {
+            if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
+                if o.backlog != l.backlog {
+                    restart.push("listeners.backlog");
+                }
+            }
+        }
+        if !restart.is_empty() {
+            tracing::warn!(keys = ?restart, "these changes need a restart; the running values stay");
+        }
+
+        // Bind added listeners before anything is published: a failure leaves all as it was.
+        let workers = self.workers.len();
+        let mut added = Vec::new();
+        for l in gen
+            .listeners
+            .iter()
+            .filter(|l| !old.listeners.iter().any(|o| o.address == l.address))
+        {
+            added.push(bind_group(l.address, workers, l.backlog).map_err(|e| e.to_string())?);
+        }
+        let removed: Vec<SocketAddr> = old
+            .listeners
+            .iter()
+            .filter(|o| !gen.listeners.iter().any(|l| l.address == o.address))
+            .map(|o| o.address)
+            .collect();
+
+        let number = current.number + 1;
+        self.shared.publish(Published {
+            number,
+            gen: Arc::new(gen),
+            endpoints: Arc::new(endpoints),
+        });
+        for group in added {
+            tracing::info!(listener = %group.addr, "listener added");
+            for (tx, socket) in self.workers.iter().zip(group.sockets) {
+                let _ = tx.send(WorkerCommand::Listen(socket));
+            }
+        }
+        for addr in removed {
+            tracing::info!(listener = %addr, "listener removed; its open connections finish");
+            for tx in &self.workers {
+                let _ = tx.send(WorkerCommand::Unlisten(addr));
+            }
+        }
+        Ok(number)
+    }
+
+    /// Reloads when the config file's content changed since it was last read.
+    fn poll_file(&mut self) {
+        let Some(path) = self.source.clone() else {
+            return;
+        };
+        let now = stamp(&path);
+        if now.is_none() || now == self.file_stamp {
+            return;
+        }
+        self.file_stamp = now;
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        if Some(hash_text(&text)) != self.file_hash {
+            let _ = self.reload("config file changed");
+        }
+    }
+
+    /// Re-resolves endpoint names; publishes the same generation with new endpoints when the
+    /// answers changed.
+    fn refresh_dns(&self) {
+        let current = self.shared.published.load_full();
+        let table = refresh(&current.gen, &current.endpoints);
+        if *current.endpoints != table {
+            tracing::info!("upstream endpoints changed after DNS refresh");
+            self.shared.publish(Published {
+                number: current.number,
+                gen: current.gen.clone(),
+                endpoints: Arc::new(table),
+            });
+        }
+    }
+}
+
 /// The control loop; returns when `stop` is set.
-pub fn run(shared: Arc<Shared>, gen: Arc<Generation>, stop: Arc<AtomicBool>) {
-    let has_names = gen
-        .upstreams
-        .iter()
-        .any(|u| u.endpoints.iter().any(|e| e.literal.is_none()));
+pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBool>) {
     let mut next_dns = Instant::now() + DNS_REFRESH;
+    let mut next_file = Instant::now() + FILE_POLL;
     while !stop.load(Ordering::Acquire) {
-        #[allow(clippy::disallowed_methods)] // control thread, not a worker
-        std::thread::sleep(CONTROL_TICK);
-        if has_names && Instant::now() >= next_dns && !shared.is_draining() {
-            next_dns = Instant::now() + DNS_REFRESH;
-            let previous = shared.endpoints.load_full();
-            let table = refresh(&gen, &previous);
-            if *previous != table {
-                tracing::info!("upstream endpoints changed after DNS refresh");
-                shared.publish_endpoints(table);
+        match commands.recv_timeout(CONTROL_TICK) {
+            Ok(Command::Reload { reply }) => {
+                let result = control.reload("reload request");
+                if let Some(tx) = reply {
+                    let _ = tx.send(result);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                #[allow(clippy::disallowed_methods)] // control thread, not a worker
+                std::thread::sleep(CONTROL_TICK);
+            }
+        }
+        if control.shared.is_draining() {
+            continue;
+        }
+        let now = Instant::now();
+        if now >= next_file {
+            next_file = now + FILE_POLL;
+            control.poll_file();
+        }
+        if now >= next_dns {
+            next_dns = now + DNS_REFRESH;
+            let gen = control.shared.published.load().gen.clone();
+            if gen
+                .upstreams
+                .iter()
+                .any(|u| u.endpoints.iter().any(|e| e.literal.is_none()))
+            {
+                control.refresh_dns();
             }
         }
     }

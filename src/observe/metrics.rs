@@ -30,6 +30,8 @@ pub struct WorkerMetrics {
     pub bytes_in: AtomicU64,
     /// Bytes written to clients.
     pub bytes_out: AtomicU64,
+    /// Requests that finished on a generation already replaced by a reload.
+    pub requests_previous_generation: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -61,6 +63,12 @@ pub struct Info<'a> {
     pub workers: usize,
     /// Resolved endpoints across upstreams.
     pub endpoints: usize,
+    /// Config generation in force.
+    pub generation: u64,
+    /// Reloads applied.
+    pub reloads_ok: u64,
+    /// Reloads refused (invalid config, unresolvable name, unbindable listener).
+    pub reloads_failed: u64,
 }
 
 fn sum(shards: &[CachePadded<WorkerMetrics>], f: impl Fn(&WorkerMetrics) -> &AtomicU64) -> u64 {
@@ -186,6 +194,9 @@ mod tests {
                 driver: "io_uring",
                 workers: 3,
                 endpoints: 1,
+                generation: 2,
+                reloads_ok: 1,
+                reloads_failed: 0,
             },
             &mut out,
         );

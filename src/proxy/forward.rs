@@ -18,6 +18,7 @@
 
 use std::io as stdio;
 use std::os::fd::AsRawFd;
+use std::rc::Rc;
 use std::time::Instant;
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
@@ -28,15 +29,16 @@ use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
+use crate::http1::head::TargetForm;
 use crate::http1::{
     filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
     MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
-use crate::route::strip_path;
+use crate::route::{rewrite_path, Params, ProxyAction, Route};
 use crate::upstream::{AcquireError, UpConn};
-use crate::worker::Worker;
+use crate::worker::{CoreGen, Worker};
 
 /// Interim (1xx) responses skipped before the final one; more is an invalid upstream.
 const MAX_INTERIM_RESPONSES: usize = 16;
@@ -62,17 +64,22 @@ enum Relay {
 /// connection may serve another request.
 pub(super) async fn proxy(
     w: &Worker,
+    cg: &Rc<CoreGen>,
     conn: &mut ClientConn,
     info: &ReqInfo,
-    upstream: usize,
-    strip_prefix: Option<&str>,
-    preserve_host: bool,
+    route: &Route,
+    action: &ProxyAction,
+    params: Params,
 ) -> bool {
-    let gen = &w.gen;
-    let (Some(up_cfg), Some(up)) = (gen.upstreams.get(upstream), w.upstreams.get(upstream)) else {
+    let gen = &cg.gen;
+    let (Some(up_cfg), Some(up)) = (
+        gen.upstreams.get(action.upstream),
+        cg.upstreams.get(action.upstream),
+    ) else {
         // invariant: validate.rs only compiles routes naming existing upstreams.
         return fail(
             w,
+            cg,
             conn,
             info,
             Error::new(ErrorKind::Internal, Side::Internal),
@@ -81,12 +88,19 @@ pub(super) async fn proxy(
         .await;
     };
     let head_len = conn.head.len;
+    let max_body = route
+        .limits
+        .max_body_bytes
+        .or(gen.http.max_request_body_bytes);
+    let response_timeout = action.response_timeout.unwrap_or(up_cfg.response_timeout);
+    let read_timeout = action.read_timeout.unwrap_or(up_cfg.read_timeout);
 
-    if let (Some(max), BodyFraming::Length(n)) = (gen.http.max_request_body_bytes, info.framing) {
+    if let (Some(max), BodyFraming::Length(n)) = (max_body, info.framing) {
         if n > max {
             conn.consume_head(head_len);
             return fail(
                 w,
+                cg,
                 conn,
                 info,
                 Error::new(ErrorKind::BodyTooLarge, Side::Downstream),
@@ -121,15 +135,16 @@ pub(super) async fn proxy(
                     }
                 };
                 log_upstream(info, &up_cfg.name, None, &err);
-                return fail(w, conn, info, err, has_body).await;
+                return fail(w, cg, conn, info, err, has_body).await;
             }
         };
 
         let mut ubuf = w.pool.take();
-        if encode_request(conn, info, &upc, strip_prefix, preserve_host, &mut ubuf).is_err() {
+        if encode_request(cg, conn, info, &upc, route, action, &params, &mut ubuf).is_err() {
             conn.consume_head(head_len);
             return fail(
                 w,
+                cg,
                 conn,
                 info,
                 Error::new(ErrorKind::HeadTooLarge, Side::Downstream),
@@ -164,11 +179,11 @@ pub(super) async fn proxy(
             }
             conn.consume_head(head_len);
             log_upstream(info, &up_cfg.name, Some(&upc), &err);
-            return fail(w, conn, info, err, !body_sent).await;
+            return fail(w, cg, conn, info, err, !body_sent).await;
         }
         ubuf.clear();
 
-        let response_deadline = || w.now() + up_cfg.response_timeout;
+        let response_deadline = || w.now() + response_timeout;
         let result = if body_sent {
             read_response_head(
                 w,
@@ -180,9 +195,17 @@ pub(super) async fn proxy(
             )
             .await
         } else {
-            let outcome =
-                send_body_and_read_head(w, conn, info, &mut upc, ubuf, up_cfg.response_timeout)
-                    .await;
+            let outcome = send_body_and_read_head(
+                w,
+                cg,
+                conn,
+                info,
+                &mut upc,
+                ubuf,
+                response_timeout,
+                max_body,
+            )
+            .await;
             match outcome {
                 BodyOutcome::Sent(result) => {
                     body_sent = true;
@@ -190,7 +213,7 @@ pub(super) async fn proxy(
                 }
                 BodyOutcome::Interrupted(result) => result,
                 BodyOutcome::ClientFailed(err) => {
-                    return fail(w, conn, info, err, true).await;
+                    return fail(w, cg, conn, info, err, true).await;
                 }
             }
         };
@@ -216,17 +239,18 @@ pub(super) async fn proxy(
                     conn.consume_head(head_len);
                 }
                 log_upstream(info, &up_cfg.name, Some(&upc), &error);
-                return fail(w, conn, info, error, !body_sent).await;
+                return fail(w, cg, conn, info, error, !body_sent).await;
             }
         }
     };
 
     let relayed = relay_response(
         w,
+        cg,
         conn,
         info,
         &up_cfg.name,
-        up_cfg.read_timeout,
+        read_timeout,
         &mut upc,
         ubuf,
         body_sent,
@@ -235,7 +259,7 @@ pub(super) async fn proxy(
     match relayed {
         Some(reuse) => {
             if reuse.upstream {
-                up.release(upc, w.now());
+                w.release_upstream(cg, action.upstream, upc);
             }
             reuse.client
         }
@@ -243,13 +267,17 @@ pub(super) async fn proxy(
     }
 }
 
-/// Writes the upstream request head into `out`.
+/// Writes the upstream request head into `out`: the route's path rewrite, the Host, the
+/// forwarding fields.
+#[allow(clippy::too_many_arguments)]
 fn encode_request(
+    cg: &CoreGen,
     conn: &ClientConn,
     info: &ReqInfo,
     upc: &UpConn,
-    strip_prefix: Option<&str>,
-    preserve_host: bool,
+    route: &Route,
+    action: &ProxyAction,
+    params: &Params,
     out: &mut Block,
 ) -> Result<(), crate::buf::Full> {
     let Some(rbuf) = conn.rbuf.as_ref() else {
@@ -257,26 +285,44 @@ fn encode_request(
     };
     let src = rbuf.data();
     let head = &conn.head;
-    let path = head.path.get(src);
-    let (lead, rest) = strip_path(path, strip_prefix);
-    let host = if preserve_host && head.host.len > 0 {
+    let path = match (head.form, head.path.len) {
+        (TargetForm::Absolute, 0) => &b"/"[..],
+        _ => head.path.get(src),
+    };
+    let host = if action.preserve_host && head.host.len > 0 {
         head.host.get(src)
     } else {
         upc.authority().as_bytes()
     };
+    let trusted = cg
+        .gen
+        .gateway
+        .trusted_proxies
+        .iter()
+        .any(|net| net.contains(&conn.peer_ip));
     let peer = conn.peer_text.as_bytes();
-    let keep_proto = conn.trusted_peer && head.find(HeaderKind::XForwardedProto).is_some();
+    let keep_proto = trusted && head.find(HeaderKind::XForwardedProto).is_some();
+    let mut scratch = cg.scratch.borrow_mut();
+    let crate::worker::ctx::Scratch { text, captures, .. } = &mut *scratch;
+    rewrite_path(
+        &action.rewrite,
+        path,
+        params,
+        route.param_names(),
+        captures.get_mut(route.index).and_then(Option::as_mut),
+        text,
+    );
     let edits = RequestEdits {
-        target: [lead, rest, head.query.get(src)],
+        target: [text.as_slice(), head.query.get(src), b""],
         host,
-        forwarded_for: if conn.trusted_peer {
+        forwarded_for: if trusted {
             ForwardedFor::Append(peer)
         } else {
             ForwardedFor::Replace(peer)
         },
         real_ip: peer,
         forwarded_proto: if keep_proto { None } else { Some(b"http") },
-        keep_forwarded: conn.trusted_peer,
+        keep_forwarded: trusted,
         request_id: info.rid.as_bytes(),
     };
     write_request_head(src, head, &edits, out)
@@ -293,16 +339,19 @@ enum BodyOutcome {
 
 /// Streams the request body upstream while watching for the response head: an upstream may
 /// answer (413, 401, ...) before it has read the whole body.
+#[allow(clippy::too_many_arguments)]
 async fn send_body_and_read_head(
     w: &Worker,
+    cg: &CoreGen,
     conn: &mut ClientConn,
     info: &ReqInfo,
     upc: &mut UpConn,
     ubuf: Block,
     response_timeout: std::time::Duration,
+    max_body: Option<u64>,
 ) -> BodyOutcome {
     if info.expect_continue && conn.rbuf.as_ref().is_some_and(Block::is_empty) {
-        let deadline = w.now() + w.gen.http.send_timeout;
+        let deadline = w.now() + cg.gen.http.send_timeout;
         if write_static_by(&mut conn.stream, CONTINUE, deadline)
             .await
             .is_err()
@@ -318,7 +367,15 @@ async fn send_body_and_read_head(
         stream, rbuf, resp, ..
     } = conn;
     let UpConn { read, write, .. } = upc;
-    let mut pump = std::pin::pin!(pump_request_body(w, stream, rbuf, write, info.framing));
+    let mut pump = std::pin::pin!(pump_request_body(
+        w,
+        cg,
+        stream,
+        rbuf,
+        write,
+        info.framing,
+        max_body
+    ));
     let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, info.method, None));
     match race(pump.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => {
@@ -351,12 +408,14 @@ where
 /// Sends the rest of the request body from the client to the upstream.
 async fn pump_request_body(
     w: &Worker,
+    cg: &CoreGen,
     client: &mut TcpStream,
     rbuf: &mut Option<Block>,
     up: &mut OwnedWriteHalf<TcpStream>,
     framing: BodyFraming,
+    max_body: Option<u64>,
 ) -> Result<(), Error> {
-    let http = &w.gen.http;
+    let http = &cg.gen.http;
     let mut remaining = match framing {
         BodyFraming::Length(n) => n,
         BodyFraming::Chunked => u64::MAX,
@@ -407,10 +466,7 @@ async fn pump_request_body(
             remaining -= n as u64;
             (n, 0)
         };
-        if http
-            .max_request_body_bytes
-            .is_some_and(|max| decoder.data_total() > max)
-        {
+        if max_body.is_some_and(|max| decoder.data_total() > max) {
             *rbuf = Some(buf);
             return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
         }
@@ -541,6 +597,7 @@ struct Reuse {
 #[allow(clippy::too_many_arguments)]
 async fn relay_response(
     w: &Worker,
+    cg: &CoreGen,
     conn: &mut ClientConn,
     info: &ReqInfo,
     up_name: &str,
@@ -555,10 +612,12 @@ async fn relay_response(
         let err =
             Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause("unexpected 101");
         log_upstream(info, up_name, Some(upc), &err);
-        return fail(w, conn, info, err, !body_sent).await.then_some(Reuse {
-            client: true,
-            upstream: false,
-        });
+        return fail(w, cg, conn, info, err, !body_sent)
+            .await
+            .then_some(Reuse {
+                client: true,
+                upstream: false,
+            });
     }
     let http10 = info.version == Version::Http10;
     let (relay, out_framing) = match resp.framing {
@@ -600,10 +659,12 @@ async fn relay_response(
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
             .with_cause("response head too large to relay");
         log_upstream(info, up_name, Some(upc), &err);
-        return fail(w, conn, info, err, !body_sent).await.then_some(Reuse {
-            client: true,
-            upstream: false,
-        });
+        return fail(w, cg, conn, info, err, !body_sent)
+            .await
+            .then_some(Reuse {
+                client: true,
+                upstream: false,
+            });
     }
     ubuf.consume(resp.len);
     if !keep_client {
@@ -621,12 +682,14 @@ async fn relay_response(
     if let Err(e) = relay_state.fill_head_block(relay, &mut ubuf, &mut out) {
         // Nothing was sent yet, but the head is already committed to this response.
         log_upstream(info, up_name, Some(upc), &e);
-        return fail(w, conn, info, e, !body_sent).await.then_some(Reuse {
-            client: true,
-            upstream: false,
-        });
+        return fail(w, cg, conn, info, e, !body_sent)
+            .await
+            .then_some(Reuse {
+                client: true,
+                upstream: false,
+            });
     }
-    let deadline = w.now() + w.gen.http.send_timeout;
+    let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     let (res, _out) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
     if res.is_err() {
@@ -638,6 +701,7 @@ async fn relay_response(
     match relay_state
         .relay_rest(
             w,
+            cg,
             relay,
             &mut upc.read,
             &mut conn.stream,
@@ -726,16 +790,18 @@ impl RelayState {
 
     /// Relays the rest of the body; returns how many stray bytes followed it (non-zero: the
     /// upstream connection is not reusable).
+    #[allow(clippy::too_many_arguments)]
     async fn relay_rest(
         &mut self,
         w: &Worker,
+        cg: &CoreGen,
         relay: Relay,
         up: &mut OwnedReadHalf<TcpStream>,
         client: &mut TcpStream,
         mut ubuf: Block,
         read_timeout: std::time::Duration,
     ) -> Result<usize, Error> {
-        let send_timeout = w.gen.http.send_timeout;
+        let send_timeout = cg.gen.http.send_timeout;
         loop {
             if !ubuf.is_empty() {
                 // (bytes to write from the front, bytes to drop after them)
@@ -796,6 +862,7 @@ impl RelayState {
 /// not (completely) read, so the connection closes. Returns whether the connection may go on.
 async fn fail(
     w: &Worker,
+    cg: &CoreGen,
     conn: &mut ClientConn,
     info: &ReqInfo,
     err: Error,
@@ -806,7 +873,7 @@ async fn fail(
     if request_unread && info.framing.has_body() {
         conn.linger = true;
     }
-    let sent = respond::error(w, &mut conn.stream, kind, Some(info), &info.rid, close).await;
+    let sent = respond::error(w, cg, &mut conn.stream, kind, Some(info), &info.rid, close).await;
     sent && !close
 }
 

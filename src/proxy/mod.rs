@@ -30,9 +30,9 @@ use crate::http1::{
 };
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
-use crate::route::{Action, MAX_LOCAL_HEADERS};
+use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
 use crate::worker::event::or_event;
-use crate::worker::Worker;
+use crate::worker::{CoreGen, Worker};
 use io::read_by;
 
 /// Largest request body read and thrown away to keep a connection open after a local
@@ -55,8 +55,8 @@ pub struct ClientConn {
     rbuf: Option<Block>,
     head: RequestHead,
     resp: ResponseHead,
+    peer_ip: IpAddr,
     peer_text: PeerText,
-    trusted_peer: bool,
     accepted: Instant,
     /// Unread client bytes may follow: close with a lingering close.
     linger: bool,
@@ -140,13 +140,8 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
         rbuf: Some(w.pool.take()),
         head: RequestHead::default(),
         resp: ResponseHead::default(),
+        peer_ip,
         peer_text: PeerText::new(peer_ip),
-        trusted_peer: w
-            .gen
-            .gateway
-            .trusted_proxies
-            .iter()
-            .any(|net| net.contains(&peer_ip)),
         accepted: w.now(),
         linger: false,
         head_pending: false,
@@ -160,7 +155,8 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
             HeadRead::Rejected(kind) => {
                 let rid = w.ids.next();
                 tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
-                respond::error(&w, &mut conn.stream, kind, None, &rid, true).await;
+                let cg = w.current();
+                respond::error(&w, &cg, &mut conn.stream, kind, None, &rid, true).await;
                 conn.linger = true;
                 break;
             }
@@ -193,7 +189,8 @@ enum HeadRead {
 /// shutdown), then get `header_timeout` for the rest. A first request is read even while
 /// draining: its connection came from the accept queue and is answered (with `close`), not reset.
 async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
-    let http = &w.gen.http;
+    let cg = w.current();
+    let http = &cg.gen.http;
     let mut head_deadline = first.then(|| conn.accepted + http.header_timeout);
     // Leading bytes of the buffered data already known not to end a head.
     let mut scanned = 0;
@@ -263,8 +260,32 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
     }
 }
 
-/// Handles one parsed request; returns whether the connection may serve another.
+/// Handles one parsed request on the generation in force when it arrived; returns whether the
+/// connection may serve another.
 async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
+    let cg = w.current();
+    let keep = dispatch_on(w, &cg, conn).await;
+    w.request_done(&cg);
+    keep
+}
+
+/// Header fields of a parsed request head, for route criteria.
+struct HeadView<'a> {
+    head: &'a RequestHead,
+    src: &'a [u8],
+}
+
+impl HeaderLookup for HeadView<'_> {
+    fn values<'s>(&'s self, name: &'s [u8]) -> impl Iterator<Item = &'s [u8]> + 's {
+        self.head
+            .headers
+            .iter()
+            .filter(move |h| h.name.get(self.src).eq_ignore_ascii_case(name))
+            .map(|h| h.value.get(self.src))
+    }
+}
+
+async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) -> bool {
     let Some(rbuf) = conn.rbuf.as_ref() else {
         return false;
     };
@@ -286,18 +307,55 @@ async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
         (TargetForm::Absolute, 0) => &b"/"[..],
         _ => head.path.get(src),
     };
+    let head_len = head.len;
 
     if let Some(endpoint) = reserved::match_path(path) {
-        let head_len = head.len;
-        return reserved::answer(w, conn, endpoint, &info, head_len).await;
+        return reserved::answer(w, cg, conn, endpoint, &info, head_len).await;
     }
 
-    let host = head.host.get(src);
-    let head_len = head.len;
-    let Some(route) = w.gen.routes.lookup(host, path) else {
-        tracing::debug!(request_id = %rid.as_str(), "no route");
-        return answer_local(w, conn, &info, head_len, Answer::Error(ErrorKind::NoRoute)).await;
+    let view = HeadView { head, src };
+    let req = RouteRequest {
+        method: head.method_span.get(src),
+        host: head.host.get(src),
+        path,
+        query: head.query.get(src),
+        headers: &view,
     };
+    let found = {
+        let mut scratch = cg.scratch.borrow_mut();
+        cg.gen.routes.lookup(&req, &mut scratch.route)
+    };
+    let Some(m) = found else {
+        tracing::debug!(request_id = %rid.as_str(), "no route");
+        return answer_local(
+            w,
+            cg,
+            conn,
+            &info,
+            head_len,
+            Answer::Error(ErrorKind::NoRoute),
+        )
+        .await;
+    };
+    let route = m.route;
+    if let Some(mt) = &route.maintenance {
+        return answer_local(w, cg, conn, &info, head_len, Answer::Maintenance(mt)).await;
+    }
+    if route
+        .limits
+        .max_head_bytes
+        .is_some_and(|max| head_len > max)
+    {
+        return answer_local(
+            w,
+            cg,
+            conn,
+            &info,
+            head_len,
+            Answer::Error(ErrorKind::HeadTooLarge),
+        )
+        .await;
+    }
     match &route.action {
         Action::Respond(local) => {
             let mut fields: [(&[u8], &[u8]); MAX_LOCAL_HEADERS] = [(&[], &[]); MAX_LOCAL_HEADERS];
@@ -311,22 +369,67 @@ async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
                 headers: &fields[..n],
                 body: &local.body,
             };
-            answer_local(w, conn, &info, head_len, Answer::Local(resp)).await
+            answer_local(w, cg, conn, &info, head_len, Answer::Local(resp)).await
         }
-        Action::Proxy {
-            upstream,
-            strip_prefix,
-            preserve_host,
-        } => {
-            forward::proxy(
-                w,
-                conn,
-                &info,
-                *upstream,
-                strip_prefix.as_deref(),
-                *preserve_host,
-            )
-            .await
+        Action::Redirect(rd) => {
+            let mut location = w.pool.take();
+            if write_location(rd, head, src, path, &mut location).is_err() {
+                return answer_local(
+                    w,
+                    cg,
+                    conn,
+                    &info,
+                    head_len,
+                    Answer::Error(ErrorKind::UriTooLong),
+                )
+                .await;
+            }
+            let fields: [(&[u8], &[u8]); 1] = [(b"location", location.data())];
+            let resp = respond::Local {
+                status: rd.status,
+                content_type: None,
+                headers: &fields,
+                body: b"",
+            };
+            answer_local(w, cg, conn, &info, head_len, Answer::Local(resp)).await
+        }
+        Action::Proxy(action) => forward::proxy(w, cg, conn, &info, route, action, m.params).await,
+    }
+}
+
+/// `scheme://host[:port]path`: configured parts, the rest from the request. Without a
+/// configured path the request's path and query are kept verbatim; a changed scheme drops the
+/// request's port unless one is configured.
+fn write_location(
+    rd: &crate::route::Redirect,
+    head: &RequestHead,
+    src: &[u8],
+    path: &[u8],
+    out: &mut Block,
+) -> Result<(), crate::buf::Full> {
+    let (req_host, req_port) = crate::http1::head::split_host_port(head.host.get(src));
+    out.put(rd.scheme.as_deref().unwrap_or("http").as_bytes())?;
+    out.put(b"://")?;
+    match &rd.host {
+        Some(h) => out.put(h.as_bytes())?,
+        None => out.put(req_host)?,
+    }
+    match (rd.port, req_port) {
+        (Some(p), _) => {
+            out.put(b":")?;
+            crate::http1::encode::put_u64(out, u64::from(p))?;
+        }
+        (None, Some(p)) if rd.host.is_none() && rd.scheme.is_none() && !p.is_empty() => {
+            out.put(b":")?;
+            out.put(p)?;
+        }
+        _ => {}
+    }
+    match &rd.path {
+        Some(p) => out.put(p.as_bytes()),
+        None => {
+            out.put(path)?;
+            out.put(head.query.get(src))
         }
     }
 }
@@ -336,6 +439,8 @@ async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
 enum Answer<'a> {
     /// The error envelope.
     Error(ErrorKind),
+    /// A route in maintenance: 503 with Retry-After and the operator's message.
+    Maintenance(&'a crate::route::Maintenance),
     /// A ready response.
     Local(respond::Local<'a>),
 }
@@ -344,6 +449,7 @@ enum Answer<'a> {
 /// go on; closes it when the body is too large to discard or the client waits for 100-continue.
 async fn answer_local(
     w: &Worker,
+    cg: &CoreGen,
     conn: &mut ClientConn,
     info: &ReqInfo,
     head_len: usize,
@@ -362,10 +468,13 @@ async fn answer_local(
     }
     let sent = match answer {
         Answer::Error(kind) => {
-            respond::error(w, &mut conn.stream, kind, Some(info), &info.rid, !keep).await
+            respond::error(w, cg, &mut conn.stream, kind, Some(info), &info.rid, !keep).await
+        }
+        Answer::Maintenance(m) => {
+            respond::maintenance(w, cg, &mut conn.stream, m, info, !keep).await
         }
         Answer::Local(resp) => {
-            respond::send(w, &mut conn.stream, resp, Some(info), &info.rid, !keep).await
+            respond::send(w, cg, &mut conn.stream, resp, Some(info), &info.rid, !keep).await
         }
     };
     if !sent {
@@ -375,7 +484,7 @@ async fn answer_local(
         conn.linger = info.framing.has_body();
         return false;
     }
-    if discard_body(w, conn, info.framing).await {
+    if discard_body(w, cg, conn, info.framing).await {
         true
     } else {
         conn.linger = true;
@@ -384,7 +493,12 @@ async fn answer_local(
 }
 
 /// Reads and drops a request body of at most [`DISCARD_MAX_BYTES`].
-async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -> bool {
+async fn discard_body(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    framing: BodyFraming,
+) -> bool {
     let mut remaining = match framing {
         BodyFraming::None | BodyFraming::Length(0) => return true,
         BodyFraming::Length(n) => n,
@@ -398,7 +512,7 @@ async fn discard_body(w: &Worker, conn: &mut ClientConn, framing: BodyFraming) -
             return false;
         };
         if rbuf.is_empty() {
-            let deadline = w.now() + w.gen.http.body_timeout;
+            let deadline = w.now() + cg.gen.http.body_timeout;
             if remaining != u64::MAX {
                 rbuf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }

@@ -5,7 +5,7 @@
 use super::{answer_local, respond, Answer, ClientConn, ReqInfo};
 use crate::error::ErrorKind;
 use crate::observe::metrics::{render, Info};
-use crate::worker::Worker;
+use crate::worker::{CoreGen, Worker};
 
 /// A reserved endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,7 @@ const JSON: &[u8] = b"application/json";
 
 pub(super) async fn answer(
     w: &Worker,
+    cg: &CoreGen,
     conn: &mut ClientConn,
     which: Reserved,
     info: &ReqInfo,
@@ -42,11 +43,12 @@ pub(super) async fn answer(
                 headers: &[],
                 body: b"{\"status\":\"ok\"}",
             };
-            answer_local(w, conn, info, head_len, Answer::Local(resp)).await
+            answer_local(w, cg, conn, info, head_len, Answer::Local(resp)).await
         }
         Reserved::Readyz if w.shared.is_draining() => {
             answer_local(
                 w,
+                cg,
                 conn,
                 info,
                 head_len,
@@ -61,18 +63,24 @@ pub(super) async fn answer(
                 headers: &[],
                 body: b"{\"status\":\"ready\"}",
             };
-            answer_local(w, conn, info, head_len, Answer::Local(resp)).await
+            answer_local(w, cg, conn, info, head_len, Answer::Local(resp)).await
         }
         Reserved::Metrics => {
             let mut text = String::with_capacity(4096);
-            let endpoints = w.upstreams.iter().map(|u| u.endpoint_count()).sum();
+            let endpoints = cg.upstreams.iter().map(|u| u.endpoint_count()).sum();
+            let shared = &w.shared;
             render(
                 &w.shared.metrics,
                 Info {
                     version: env!("CARGO_PKG_VERSION"),
                     driver: w.shared.driver.name(),
-                    workers: w.shared.metrics.len(),
+                    workers: shared.metrics.len(),
                     endpoints,
+                    generation: shared.generation(),
+                    reloads_ok: shared.reloads_ok.load(std::sync::atomic::Ordering::Relaxed),
+                    reloads_failed: shared
+                        .reloads_failed
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 },
                 &mut text,
             );
@@ -82,7 +90,7 @@ pub(super) async fn answer(
                 headers: &[],
                 body: text.as_bytes(),
             };
-            answer_local(w, conn, info, head_len, Answer::Local(resp)).await
+            answer_local(w, cg, conn, info, head_len, Answer::Local(resp)).await
         }
     }
 }

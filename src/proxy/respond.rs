@@ -11,7 +11,8 @@ use crate::http1::encode::{put_field, put_status_line, put_u64};
 use crate::http1::{Method, Version};
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
-use crate::worker::Worker;
+use crate::route::Maintenance;
+use crate::worker::{CoreGen, Worker};
 
 /// A response to write.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +31,7 @@ pub struct Local<'a> {
 /// client `Connection: keep-alive` is added instead. Returns whether the write succeeded.
 pub async fn send(
     w: &Worker,
+    cg: &CoreGen,
     stream: &mut TcpStream,
     resp: Local<'_>,
     req: Option<&ReqInfo>,
@@ -74,7 +76,7 @@ pub async fn send(
         return false;
     }
     let mut body = if head_only { &[][..] } else { resp.body };
-    let deadline = w.now() + w.gen.http.send_timeout;
+    let deadline = w.now() + cg.gen.http.send_timeout;
     loop {
         let n = out.spare().min(body.len());
         // Fits by construction: n <= spare.
@@ -96,10 +98,82 @@ pub async fn send(
 }
 
 /// Writes the JSON error envelope for `kind` (nothing for kinds without a status).
+#[allow(clippy::too_many_arguments)]
 pub async fn error(
     w: &Worker,
+    cg: &CoreGen,
     stream: &mut TcpStream,
     kind: ErrorKind,
+    req: Option<&ReqInfo>,
+    rid: &RequestId,
+    close: bool,
+) -> bool {
+    let retry_after: &[u8] = if kind == ErrorKind::ShuttingDown {
+        b"1"
+    } else {
+        b""
+    };
+    envelope_response(
+        w,
+        cg,
+        stream,
+        kind,
+        kind.message(),
+        retry_after,
+        req,
+        rid,
+        close,
+    )
+    .await
+}
+
+/// 503 `maintenance` with the operator's message and `Retry-After` in whole seconds.
+pub async fn maintenance(
+    w: &Worker,
+    cg: &CoreGen,
+    stream: &mut TcpStream,
+    m: &Maintenance,
+    req: &ReqInfo,
+    close: bool,
+) -> bool {
+    let mut secs = [0u8; 20];
+    let secs = {
+        let n = m.retry_after.as_secs().max(1);
+        let mut i = secs.len();
+        let mut v = n;
+        loop {
+            i -= 1;
+            secs[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        &secs[i..]
+    };
+    let kind = ErrorKind::Maintenance;
+    envelope_response(
+        w,
+        cg,
+        stream,
+        kind,
+        &m.message,
+        secs,
+        Some(req),
+        &req.rid,
+        close,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn envelope_response(
+    w: &Worker,
+    cg: &CoreGen,
+    stream: &mut TcpStream,
+    kind: ErrorKind,
+    message: &str,
+    retry_after: &[u8],
     req: Option<&ReqInfo>,
     rid: &RequestId,
     close: bool,
@@ -108,21 +182,30 @@ pub async fn error(
         return false;
     };
     let mut body = w.pool.take();
-    if envelope(&mut body, kind.code(), kind.message(), rid).is_err() {
+    if envelope(&mut body, kind.code(), message, rid).is_err() {
         return false;
     }
-    let retry_after: &[(&[u8], &[u8])] = if kind == ErrorKind::ShuttingDown {
-        &[(b"retry-after", b"1")]
-    } else {
-        &[]
-    };
+    let with_retry: [(&[u8], &[u8]); 1] = [(b"retry-after", retry_after)];
     let resp = Local {
         status,
         content_type: Some(b"application/json"),
-        headers: retry_after,
+        headers: if retry_after.is_empty() {
+            &[]
+        } else {
+            &with_retry
+        },
         body: body.data(),
     };
-    send(w, stream, resp, req, rid, close || kind.closes_downstream()).await
+    send(
+        w,
+        cg,
+        stream,
+        resp,
+        req,
+        rid,
+        close || kind.closes_downstream(),
+    )
+    .await
 }
 
 /// `{"error":{"code":...,"message":...,"request_id":...}}`

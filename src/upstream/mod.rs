@@ -170,10 +170,25 @@ impl UpstreamRt {
         let mut eps = self.endpoints.borrow_mut();
         if let Some(ep) = eps
             .iter_mut()
-            .find(|e| e.addr == conn.addr() && Rc::ptr_eq(&e.authority, conn.authority_rc()))
+            .find(|e| e.addr == conn.addr() && *e.authority == *conn.authority())
         {
             conn.mark_reused();
             ep.idle.push(conn, now, self.pool_max_idle);
+        }
+    }
+
+    /// Takes over the idle connections `old` (the same upstream in the previous generation)
+    /// holds for endpoints this one also has.
+    pub fn adopt_idle(&self, old: &UpstreamRt) {
+        let mut theirs = old.endpoints.borrow_mut();
+        let mut ours = self.endpoints.borrow_mut();
+        for ep in ours.iter_mut() {
+            if let Some(prev) = theirs
+                .iter_mut()
+                .find(|p| p.addr == ep.addr && *p.authority == *ep.authority)
+            {
+                std::mem::swap(&mut ep.idle, &mut prev.idle);
+            }
         }
     }
 

@@ -54,10 +54,6 @@ impl UpConn {
         &self.authority
     }
 
-    pub(crate) fn authority_rc(&self) -> &Rc<str> {
-        &self.authority
-    }
-
     /// Whether this connection served an earlier request.
     pub fn is_reused(&self) -> bool {
         self.reused

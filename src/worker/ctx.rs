@@ -1,21 +1,34 @@
-//! `Worker`: everything one worker owns, shared by its tasks through an `Rc`.
+//! `Worker`: everything one worker owns, shared by its tasks through an `Rc`; and `CoreGen`, the
+//! worker's view of one config generation.
 //!
 //! Ownership: one per worker thread, never `Send`. Fields in `Cell`/`RefCell` are only borrowed
 //! for the span of a synchronous call, never across an `.await`.
+//!
+//! Generations: the control thread publishes a new generation in `Shared`; the worker picks it
+//! up on its tick and builds a new `CoreGen` (upstream state carried over for endpoints that
+//! stay). Each request takes an `Rc<CoreGen>` at its start and finishes on it, so in-flight
+//! requests keep their generation while the next request on a keep-alive connection sees the
+//! new one. An old `CoreGen` is freed when its last request ends.
 
 use std::cell::{Cell, RefCell};
 use std::io::Write;
+use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use regex::bytes::CaptureLocations;
+
 use super::event::Event;
-use crate::buf::BufPool;
+use crate::buf::{Block, BufPool};
 use crate::config::Generation;
-use crate::observe::metrics::WorkerMetrics;
+use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
-use crate::shared::Shared;
-use crate::upstream::UpstreamRt;
+use crate::route::{Action, PathRewrite};
+use crate::shared::{Published, Shared};
+use crate::upstream::{UpConn, UpstreamRt};
 
 /// Slack added to `max_head_bytes` for a block: the rewritten request head carries a few
 /// more fields (X-Forwarded-For, X-Real-IP, X-Request-Id) than the one received.
@@ -29,6 +42,114 @@ pub const BODY_BLOCK_BYTES: usize = 64 * 1024;
 /// Length of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
 const DATE_LEN: usize = 29;
 
+/// What the control thread asks of a worker besides a new generation.
+#[derive(Debug)]
+pub enum WorkerCommand {
+    /// Start accepting on this socket (a listener added by a reload).
+    Listen(std::net::TcpListener),
+    /// Stop accepting on this address (a listener removed by a reload); its connections finish.
+    Unlisten(SocketAddr),
+}
+
+/// Per-request scratch space of one generation (route lookup, rewrites), reused so the
+/// request path does not allocate.
+#[derive(Debug)]
+pub struct Scratch {
+    /// Route lookup storage.
+    pub route: crate::route::Scratch,
+    /// The rewritten path of the request being forwarded, or a redirect's Location.
+    pub text: Vec<u8>,
+    /// Capture storage of each route's regex rewrite (by route index).
+    pub captures: Vec<Option<CaptureLocations>>,
+}
+
+/// A worker's view of one generation.
+#[derive(Debug)]
+pub struct CoreGen {
+    /// Generation number.
+    pub number: u64,
+    /// The configuration.
+    pub gen: Arc<Generation>,
+    /// Upstreams, in the generation's order.
+    pub upstreams: Vec<UpstreamRt>,
+    /// Scratch space (borrowed only within synchronous code).
+    pub scratch: RefCell<Scratch>,
+}
+
+impl CoreGen {
+    fn new(published: &Published, worker: usize, previous: Option<&CoreGen>) -> CoreGen {
+        let gen = published.gen.clone();
+        let upstreams = gen
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, cfg)| {
+                let eps = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
+                let rt = UpstreamRt::new(cfg, eps, worker);
+                if let Some(prev) = previous {
+                    if let Some(j) = prev.gen.upstreams.iter().position(|u| u.name == cfg.name) {
+                        rt.adopt_idle(&prev.upstreams[j]);
+                    }
+                }
+                rt
+            })
+            .collect();
+        let captures = gen
+            .routes
+            .routes()
+            .iter()
+            .map(|r| match &r.action {
+                Action::Proxy(p) => match &p.rewrite {
+                    PathRewrite::Regex(rw) => Some(rw.regex.capture_locations()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        CoreGen {
+            number: published.number,
+            scratch: RefCell::new(Scratch {
+                route: gen.routes.scratch(),
+                text: Vec::with_capacity(256),
+                captures,
+            }),
+            gen,
+            upstreams,
+        }
+    }
+}
+
+/// One listening socket's accept loop, as the worker tracks it.
+#[derive(Debug)]
+pub struct ListenerSlot {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Fired to stop the accept loop.
+    pub stop: Event,
+    stopped: Cell<bool>,
+}
+
+impl ListenerSlot {
+    /// A slot for `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        ListenerSlot {
+            addr,
+            stop: Event::default(),
+            stopped: Cell::new(false),
+        }
+    }
+
+    /// Whether the accept loop was told to stop.
+    pub fn stopped(&self) -> bool {
+        self.stopped.get()
+    }
+
+    fn stop(&self) {
+        self.stopped.set(true);
+        self.stop.notify_all();
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Worker {
@@ -36,80 +157,62 @@ pub struct Worker {
     pub id: usize,
     /// Cross-core cells.
     pub shared: Arc<Shared>,
-    /// The configuration in force.
-    pub gen: Arc<Generation>,
-    /// Blocks for heads and small exchanges (`max_head_bytes` plus slack).
+    /// Blocks for heads and small exchanges (`max_head_bytes` at start, plus slack).
     pub pool: BufPool,
     /// Blocks for relaying bodies ([`BODY_BLOCK_BYTES`]).
     pub body_pool: BufPool,
-    /// Upstreams, in the generation's order.
-    pub upstreams: Vec<UpstreamRt>,
     /// Request id generator.
     pub ids: RequestIds,
     /// Fired once when shutdown begins.
     pub shutdown: Event,
     /// Fired when a connection closes while the worker is at its connection cap.
     pub slots: Event,
+    current: RefCell<Rc<CoreGen>>,
+    seen_version: Cell<u64>,
+    listeners: RefCell<Vec<Rc<ListenerSlot>>>,
+    commands: Receiver<WorkerCommand>,
     draining: Cell<bool>,
     active: Cell<usize>,
     clock: Cell<Instant>,
-    endpoints_version: Cell<u64>,
     date: RefCell<(u64, [u8; DATE_LEN])>,
 }
 
 impl Worker {
-    /// A worker's state for generation `gen`.
-    pub fn new(id: usize, shared: Arc<Shared>, gen: Arc<Generation>) -> Self {
-        let block = (gen.http.limits.max_head_bytes + HEAD_SLACK_BYTES).next_multiple_of(4096);
-        let table = shared.endpoints.load();
-        let upstreams = gen
-            .upstreams
-            .iter()
-            .enumerate()
-            .map(|(i, cfg)| {
-                UpstreamRt::new(cfg, table.get(i).map(Vec::as_slice).unwrap_or(&[]), id)
-            })
-            .collect();
+    /// A worker's state, on the generation in force.
+    pub fn new(id: usize, shared: Arc<Shared>, commands: Receiver<WorkerCommand>) -> Self {
+        let seen = shared.version.load(Ordering::Acquire);
+        let published = shared.published.load_full();
+        let block =
+            (published.gen.http.limits.max_head_bytes + HEAD_SLACK_BYTES).next_multiple_of(4096);
         let w = Worker {
             id,
-            endpoints_version: Cell::new(shared.endpoints_version.load(Ordering::Acquire)),
-            shared,
-            gen,
             pool: BufPool::new(block.max(16 * 1024)),
             body_pool: BufPool::new(BODY_BLOCK_BYTES),
-            upstreams,
             ids: RequestIds::new(id),
             shutdown: Event::default(),
             slots: Event::default(),
+            current: RefCell::new(Rc::new(CoreGen::new(&published, id, None))),
+            seen_version: Cell::new(seen),
+            listeners: RefCell::new(Vec::new()),
+            commands,
             draining: Cell::new(false),
             active: Cell::new(0),
             clock: Cell::new(Instant::now()),
             date: RefCell::new((0, [0; DATE_LEN])),
+            shared,
         };
         w.refresh_date();
         w
     }
 
-    /// A body block in place of `buf` when `buf` is empty and smaller: called before reading
-    /// the next piece of a body.
-    pub fn body_block(&self, buf: &mut crate::buf::Block) {
-        if buf.is_empty() && buf.capacity() < BODY_BLOCK_BYTES {
-            *buf = self.body_pool.take();
-        }
+    /// The generation in force (each request takes one at its start).
+    pub fn current(&self) -> Rc<CoreGen> {
+        self.current.borrow().clone()
     }
 
-    /// A head block in place of `buf` when `buf` is an empty body block: a connection waiting
-    /// for its next request holds no more than a head's worth of memory.
-    pub fn head_block(&self, buf: &mut crate::buf::Block) {
-        if buf.is_empty() && buf.capacity() != self.pool.block_size() {
-            *buf = self.pool.take();
-        }
-    }
-
-    /// The worker's coarse clock, refreshed every tick: what deadlines are computed from, so
-    /// the request path never reads the system clock (timeouts are accurate to a tick).
-    pub fn now(&self) -> Instant {
-        self.clock.get()
+    /// The configuration in force.
+    pub fn gen(&self) -> Arc<Generation> {
+        self.current.borrow().gen.clone()
     }
 
     /// This worker's metric shard.
@@ -129,20 +232,74 @@ impl Worker {
 
     /// Whether the worker is at its connection cap.
     pub fn at_capacity(&self) -> bool {
-        self.active.get() >= self.gen.http.max_connections
+        self.active.get() >= self.current.borrow().gen.http.max_connections
+    }
+
+    /// The worker's coarse clock, refreshed every tick: what deadlines are computed from, so
+    /// the request path never reads the system clock (timeouts are accurate to a tick).
+    pub fn now(&self) -> Instant {
+        self.clock.get()
+    }
+
+    /// Tracks a new accept loop.
+    pub fn add_listener(&self, addr: SocketAddr) -> Rc<ListenerSlot> {
+        let slot = Rc::new(ListenerSlot::new(addr));
+        self.listeners.borrow_mut().push(slot.clone());
+        slot
     }
 
     pub(crate) fn connection_opened(&self) {
         self.active.set(self.active.get() + 1);
-        crate::observe::metrics::add(&self.metrics().connections_accepted, 1);
+        add(&self.metrics().connections_accepted, 1);
     }
 
     pub(crate) fn connection_closed(&self) {
         let was_full = self.at_capacity();
         self.active.set(self.active.get().saturating_sub(1));
-        crate::observe::metrics::add(&self.metrics().connections_closed, 1);
+        add(&self.metrics().connections_closed, 1);
         if was_full {
             self.slots.notify_all();
+        }
+    }
+
+    /// Returns an upstream connection of generation `cg`'s upstream `index` to the pool in
+    /// force: the current generation's upstream of the same name when `cg` was replaced.
+    pub fn release_upstream(&self, cg: &Rc<CoreGen>, index: usize, conn: UpConn) {
+        let current = self.current();
+        if Rc::ptr_eq(cg, &current) {
+            if let Some(up) = cg.upstreams.get(index) {
+                up.release(conn, self.now());
+            }
+            return;
+        }
+        let Some(name) = cg.gen.upstreams.get(index).map(|u| u.name.as_str()) else {
+            return;
+        };
+        if let Some(j) = current.gen.upstreams.iter().position(|u| u.name == name) {
+            current.upstreams[j].release(conn, self.now());
+        }
+    }
+
+    /// Counts a request finished on generation `cg` (old generations are counted apart).
+    pub fn request_done(&self, cg: &CoreGen) {
+        if cg.number != self.current.borrow().number {
+            add(&self.metrics().requests_previous_generation, 1);
+        }
+    }
+
+    /// A body block in place of `buf` when `buf` is empty and smaller: called before reading
+    /// the next piece of a body.
+    pub fn body_block(&self, buf: &mut Block) {
+        if buf.is_empty() && buf.capacity() < BODY_BLOCK_BYTES {
+            *buf = self.body_pool.take();
+        }
+    }
+
+    /// A head block in place of `buf` when `buf` is an empty body block: a connection waiting
+    /// for its next request holds no more than a head's worth of memory.
+    pub fn head_block(&self, buf: &mut Block) {
+        if buf.is_empty() && buf.capacity() != self.pool.block_size() {
+            *buf = self.pool.take();
         }
     }
 
@@ -165,30 +322,62 @@ impl Worker {
         }
     }
 
-    /// Periodic housekeeping: clock, shutdown flag, DNS updates, idle pool reaping.
-    pub fn tick(&self) {
+    /// Periodic housekeeping: clock, shutdown flag, new generations and endpoints, idle pool
+    /// reaping, listener changes. Returns the sockets of listeners to start accepting on.
+    pub fn tick(&self) -> Vec<std::net::TcpListener> {
         self.clock.set(Instant::now());
         self.refresh_date();
-        let version = self.shared.endpoints_version.load(Ordering::Acquire);
-        if version != self.endpoints_version.get() {
-            self.endpoints_version.set(version);
-            let table = self.shared.endpoints.load();
-            for (i, up) in self.upstreams.iter().enumerate() {
-                if let Some(eps) = table.get(i) {
-                    up.set_endpoints(eps);
+        let version = self.shared.version.load(Ordering::Acquire);
+        if version != self.seen_version.get() {
+            self.seen_version.set(version);
+            let published = self.shared.published.load_full();
+            let current = self.current();
+            if published.number != current.number {
+                let next = CoreGen::new(&published, self.id, Some(&current));
+                *self.current.borrow_mut() = Rc::new(next);
+                tracing::debug!(
+                    worker = self.id,
+                    generation = published.number,
+                    "generation installed"
+                );
+            } else {
+                for (i, up) in current.upstreams.iter().enumerate() {
+                    if let Some(eps) = published.endpoints.get(i) {
+                        up.set_endpoints(eps);
+                    }
                 }
             }
         }
         let now = self.now();
-        for up in &self.upstreams {
+        for up in &self.current().upstreams {
             up.reap(now);
+        }
+        let mut new_sockets = Vec::new();
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                WorkerCommand::Listen(s) => new_sockets.push(s),
+                WorkerCommand::Unlisten(addr) => {
+                    self.listeners.borrow_mut().retain(|l| {
+                        if l.addr == addr {
+                            l.stop();
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                }
+            }
         }
         if self.shared.is_draining() && !self.draining.get() {
             self.draining.set(true);
-            for up in &self.upstreams {
+            for up in &self.current().upstreams {
                 up.clear_idle();
+            }
+            for l in self.listeners.borrow_mut().drain(..) {
+                l.stop();
             }
             self.shutdown.notify_all();
         }
+        new_sockets
     }
 }

@@ -11,15 +11,15 @@ pub mod runtime;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monoio::net::TcpListener;
 
-pub use ctx::Worker;
+pub use ctx::{CoreGen, ListenerSlot, Worker, WorkerCommand};
 use event::or_event;
 
-use crate::config::Generation;
 use crate::shared::Shared;
 
 /// How often a worker runs its housekeeping tick.
@@ -35,14 +35,14 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(20);
 pub async fn serve(
     id: usize,
     shared: Arc<Shared>,
-    gen: Arc<Generation>,
+    commands: Receiver<WorkerCommand>,
     sockets: Vec<std::net::TcpListener>,
     ready: impl FnOnce(Result<(), String>),
 ) {
-    let w = Rc::new(Worker::new(id, shared, gen));
+    let w = Rc::new(Worker::new(id, shared, commands));
     let mut listeners = Vec::with_capacity(sockets.len());
     for s in sockets {
-        match TcpListener::from_std(s) {
+        match register(s) {
             Ok(l) => listeners.push(l),
             Err(e) => {
                 ready(Err(format!("worker {id}: cannot register a listener: {e}")));
@@ -51,19 +51,29 @@ pub async fn serve(
         }
     }
     ready(Ok(()));
-    let accepts: Vec<_> = listeners
+    let mut accepts: Vec<_> = listeners
         .into_iter()
-        .map(|l| monoio::spawn(accept_loop(w.clone(), l)))
+        .map(|(l, addr)| spawn_accept(&w, l, addr))
         .collect();
 
     while !w.draining() {
         monoio::time::sleep(TICK).await;
-        w.tick();
+        for s in w.tick() {
+            match register(s) {
+                Ok((l, addr)) => {
+                    tracing::info!(worker = id, listener = %addr, "listening");
+                    accepts.push(spawn_accept(&w, l, addr));
+                }
+                Err(e) => {
+                    tracing::error!(worker = id, error = %e, "cannot register a new listener")
+                }
+            }
+        }
     }
     for a in accepts {
         a.await;
     }
-    let deadline = Instant::now() + w.gen.shutdown_timeout;
+    let deadline = Instant::now() + w.gen().shutdown_timeout;
     while w.active_connections() > 0 && Instant::now() < deadline {
         monoio::time::sleep(TICK).await;
         w.tick();
@@ -77,18 +87,28 @@ pub async fn serve(
     }
 }
 
-async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
+fn register(s: std::net::TcpListener) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let addr = s.local_addr()?;
+    Ok((TcpListener::from_std(s)?, addr))
+}
+
+fn spawn_accept(w: &Rc<Worker>, l: TcpListener, addr: SocketAddr) -> monoio::task::JoinHandle<()> {
+    let slot = w.add_listener(addr);
+    monoio::spawn(accept_loop(w.clone(), l, slot))
+}
+
+async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot>) {
     let mut last_error_log: Option<Instant> = None;
     loop {
-        while w.at_capacity() && !w.draining() {
-            if or_event(&w.shutdown, w.slots.wait()).await.is_none() {
+        while w.at_capacity() && !slot.stopped() {
+            if or_event(&slot.stop, w.slots.wait()).await.is_none() {
                 break;
             }
         }
-        if w.draining() {
+        if slot.stopped() {
             break;
         }
-        match or_event(&w.shutdown, listener.accept()).await {
+        match or_event(&slot.stop, listener.accept()).await {
             None => break,
             Some(Ok((stream, peer))) => spawn_connection(&w, stream, peer),
             Some(Err(e)) => {
@@ -101,12 +121,13 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
         }
     }
     // Connections the kernel already queued on this socket would be reset when it closes:
-    // take them and answer their first request (with `Connection: close`).
+    // take them and answer their first request (with `Connection: close` when draining).
     while let Ok(Ok((stream, peer))) =
         monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
     {
         spawn_connection(&w, stream, peer);
     }
+    tracing::debug!(worker = w.id, listener = %slot.addr, "stopped accepting");
 }
 
 fn spawn_connection(w: &Rc<Worker>, stream: monoio::net::TcpStream, peer: SocketAddr) {
