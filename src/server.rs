@@ -224,6 +224,27 @@ impl Server {
         self.shared.generation()
     }
 
+    /// Waits until every worker serves new requests with generation `number` or later;
+    /// false on timeout.
+    pub fn wait_for_generation(&self, number: u64, timeout: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let all = self
+                .shared
+                .metrics
+                .iter()
+                .all(|m| m.generation.load(Ordering::Relaxed) >= number);
+            if all {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            #[allow(clippy::disallowed_methods)] // called by tests and tools, not by workers
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The driver the workers run on.
     pub fn driver(&self) -> DriverKind {
         self.shared.driver

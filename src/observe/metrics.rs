@@ -32,6 +32,8 @@ pub struct WorkerMetrics {
     pub bytes_out: AtomicU64,
     /// Requests that finished on a generation already replaced by a reload.
     pub requests_previous_generation: AtomicU64,
+    /// The config generation this worker has installed.
+    pub generation: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -100,6 +102,42 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         info.endpoints as u64,
     );
 
+    gauge(
+        out,
+        "ringway_config_generation",
+        "Config generation in force (1 at start, +1 per applied reload).",
+        info.generation,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ringway_worker_generation Config generation each worker serves new requests with."
+    );
+    let _ = writeln!(out, "# TYPE ringway_worker_generation gauge");
+    for (i, s) in shards.iter().enumerate() {
+        let g = s.generation.load(Ordering::Relaxed);
+        let _ = writeln!(out, "ringway_worker_generation{{worker=\"{i}\"}} {g}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ringway_config_reloads_total Config reloads, by result."
+    );
+    let _ = writeln!(out, "# TYPE ringway_config_reloads_total counter");
+    let _ = writeln!(
+        out,
+        "ringway_config_reloads_total{{result=\"success\"}} {}",
+        info.reloads_ok
+    );
+    let _ = writeln!(
+        out,
+        "ringway_config_reloads_total{{result=\"failure\"}} {}",
+        info.reloads_failed
+    );
+    counter(
+        out,
+        "ringway_requests_previous_generation_total",
+        "Requests that finished on a config generation already replaced by a reload.",
+        sum(shards, |s| &s.requests_previous_generation),
+    );
     let _ = writeln!(
         out,
         "# HELP ringway_responses_total Responses sent to clients, by status class."
@@ -207,5 +245,7 @@ mod tests {
         assert!(out.contains("ringway_responses_total{class=\"5xx\"} 1\n"));
         assert!(out.contains("ringway_connections_active 2\n"));
         assert!(out.contains("ringway_info{version=\"0\",driver=\"io_uring\"} 1"));
+        assert!(out.contains("ringway_config_generation 2\n"), "{out}");
+        assert!(out.contains("ringway_config_reloads_total{result=\"success\"} 1\n"));
     }
 }

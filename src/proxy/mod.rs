@@ -373,7 +373,11 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         }
         Action::Redirect(rd) => {
             let mut location = w.pool.take();
-            if write_location(rd, head, src, path, &mut location).is_err() {
+            let written =
+                rd.write_location(head.host.get(src), path, head.query.get(src), |piece| {
+                    location.put(piece)
+                });
+            if written.is_err() {
                 return answer_local(
                     w,
                     cg,
@@ -394,43 +398,6 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
             answer_local(w, cg, conn, &info, head_len, Answer::Local(resp)).await
         }
         Action::Proxy(action) => forward::proxy(w, cg, conn, &info, route, action, m.params).await,
-    }
-}
-
-/// `scheme://host[:port]path`: configured parts, the rest from the request. Without a
-/// configured path the request's path and query are kept verbatim; a changed scheme drops the
-/// request's port unless one is configured.
-fn write_location(
-    rd: &crate::route::Redirect,
-    head: &RequestHead,
-    src: &[u8],
-    path: &[u8],
-    out: &mut Block,
-) -> Result<(), crate::buf::Full> {
-    let (req_host, req_port) = crate::http1::head::split_host_port(head.host.get(src));
-    out.put(rd.scheme.as_deref().unwrap_or("http").as_bytes())?;
-    out.put(b"://")?;
-    match &rd.host {
-        Some(h) => out.put(h.as_bytes())?,
-        None => out.put(req_host)?,
-    }
-    match (rd.port, req_port) {
-        (Some(p), _) => {
-            out.put(b":")?;
-            crate::http1::encode::put_u64(out, u64::from(p))?;
-        }
-        (None, Some(p)) if rd.host.is_none() && rd.scheme.is_none() && !p.is_empty() => {
-            out.put(b":")?;
-            out.put(p)?;
-        }
-        _ => {}
-    }
-    match &rd.path {
-        Some(p) => out.put(p.as_bytes()),
-        None => {
-            out.put(path)?;
-            out.put(head.query.get(src))
-        }
     }
 }
 

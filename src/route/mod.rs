@@ -66,6 +66,57 @@ pub struct Redirect {
     pub path: Option<String>,
 }
 
+impl Redirect {
+    /// Writes the Location for a request to `req_host` (as sent, maybe with a port), `path` and
+    /// `query`, piece by piece through `put`: `scheme://host[:port]path`. Configured parts win;
+    /// without a configured path the request's path and query are kept verbatim; a changed
+    /// scheme or host drops the request's port unless one is configured.
+    pub fn write_location<E>(
+        &self,
+        req_host: &[u8],
+        path: &[u8],
+        query: &[u8],
+        mut put: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let (host, port) = split_host_port(req_host);
+        put(self.scheme.as_deref().unwrap_or("http").as_bytes())?;
+        put(b"://")?;
+        match &self.host {
+            Some(h) => put(h.as_bytes())?,
+            None => put(host)?,
+        }
+        let mut digits = [0u8; 5];
+        match (self.port, port) {
+            (Some(p), _) => {
+                let mut i = digits.len();
+                let mut v = p;
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (v % 10) as u8;
+                    v /= 10;
+                    if v == 0 {
+                        break;
+                    }
+                }
+                put(b":")?;
+                put(&digits[i..])?;
+            }
+            (None, Some(p)) if self.host.is_none() && self.scheme.is_none() && !p.is_empty() => {
+                put(b":")?;
+                put(p)?;
+            }
+            _ => {}
+        }
+        match &self.path {
+            Some(p) => put(p.as_bytes()),
+            None => {
+                put(path)?;
+                put(query)
+            }
+        }
+    }
+}
+
 /// A proxy action.
 #[derive(Debug, Clone)]
 pub struct ProxyAction {

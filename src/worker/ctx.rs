@@ -202,6 +202,9 @@ impl Worker {
             shared,
         };
         w.refresh_date();
+        w.metrics()
+            .generation
+            .store(published.number, Ordering::Relaxed);
         w
     }
 
@@ -335,6 +338,9 @@ impl Worker {
             if published.number != current.number {
                 let next = CoreGen::new(&published, self.id, Some(&current));
                 *self.current.borrow_mut() = Rc::new(next);
+                self.metrics()
+                    .generation
+                    .store(published.number, Ordering::Relaxed);
                 tracing::debug!(
                     worker = self.id,
                     generation = published.number,

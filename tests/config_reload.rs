@@ -1,0 +1,307 @@
+//! Live configuration: reloads by request, by file change and by the admin endpoint; refused
+//! configs; listener changes; in-flight requests finishing on their generation; and a reload
+//! storm under load that must not fail a single request.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway::Server;
+use support::*;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("ringway-reload-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    fn config(&self) -> PathBuf {
+        self.0.join("ringway.toml")
+    }
+
+    /// Replaces the config atomically (write then rename), as editors and deploy tools do.
+    fn write(&self, text: &str) {
+        let tmp = self.0.join("ringway.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.config()).unwrap();
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const BASE: &str = "workers = 2\ncpus = []\nlog_level = \"error\"\n[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n";
+
+fn start(dir: &Dir, text: &str) -> (Server, SocketAddr) {
+    dir.write(text);
+    let gen = ringway::config::load(&dir.config()).expect("config compiles");
+    ringway::observe::log::init("error");
+    let server = Server::start(gen).expect("starts");
+    let addr = server.local_addrs()[0];
+    (server, addr)
+}
+
+fn respond_route(path: &str, body: &str) -> String {
+    format!(
+        "[[routes]]\npath_prefix = \"{path}\"\nrespond = {{ status = 200, body = \"{body}\" }}\n"
+    )
+}
+
+fn admin_post(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(
+        format!("POST {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+#[test]
+fn admin_reload_applies_new_routes_to_the_next_request_on_a_keep_alive_connection() {
+    let dir = Dir::new("admin");
+    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "one")));
+    let mut c = Client::connect(addr);
+    assert_eq!(c.get("/x").text(), "one");
+
+    dir.write(&format!(
+        "{BASE}{}{}",
+        respond_route("/", "two"),
+        respond_route("/new", "added")
+    ));
+    let (status, body) = admin_post(server.admin_addr().unwrap(), "/-/reload");
+    assert_eq!(status, 200, "{body}");
+    let generation: u64 = body
+        .trim_start_matches("{\"generation\":")
+        .trim_end_matches('}')
+        .parse()
+        .unwrap();
+    assert!(generation >= 2, "{body}");
+    assert!(server.wait_for_generation(generation, Duration::from_secs(2)));
+    assert_eq!(c.get("/x").text(), "two", "same connection, new generation");
+    assert_eq!(c.get("/new/y").text(), "added");
+    let m = metrics(addr);
+    assert!(m["ringway_config_generation"] >= 2.0, "{m:?}");
+    assert!(m["ringway_config_reloads_total{result=\"success\"}"] >= 1.0);
+
+    assert_eq!(
+        admin_post(server.admin_addr().unwrap(), "/-/nothing").0,
+        404
+    );
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn an_invalid_config_is_refused_and_the_running_one_stays() {
+    let dir = Dir::new("invalid");
+    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "kept")));
+    dir.write(&format!(
+        "{BASE}[[routes]]\npath_prefix = \"/\"\nproxy = \"nowhere\"\n"
+    ));
+    let err = server.reload_handle().reload_and_wait().unwrap_err();
+    assert!(
+        err.contains("ringway.toml:") && err.contains("nowhere"),
+        "{err}"
+    );
+    let (status, body) = admin_post(server.admin_addr().unwrap(), "/-/reload");
+    assert_eq!(status, 422);
+    assert!(
+        body.contains("reload_failed") && body.contains("nowhere"),
+        "{body}"
+    );
+    assert_eq!(server.generation(), 1);
+    assert_eq!(Client::connect(addr).get("/").text(), "kept");
+    let m = metrics(addr);
+    assert!(
+        m["ringway_config_reloads_total{result=\"failure\"}"] >= 2.0,
+        "{m:?}"
+    );
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn a_changed_file_is_reloaded_by_itself() {
+    let dir = Dir::new("watch");
+    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "before")));
+    std::thread::sleep(Duration::from_millis(1100));
+    dir.write(&format!("{BASE}{}", respond_route("/", "after-the-edit")));
+    assert!(
+        wait_until(Duration::from_secs(5), || server.generation() >= 2),
+        "the file change was not picked up"
+    );
+    assert!(server.wait_for_generation(2, Duration::from_secs(2)));
+    assert_eq!(Client::connect(addr).get("/").text(), "after-the-edit");
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn listeners_are_added_and_removed_live() {
+    let dir = Dir::new("listeners");
+    let extra = closed_port();
+    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    assert!(TcpStream::connect(extra).is_err());
+    let with_extra = format!(
+        "{BASE}[[listeners]]\naddress = \"{extra}\"\n{}",
+        respond_route("/", "hi")
+    );
+    dir.write(&with_extra);
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    assert!(wait_until(Duration::from_secs(2), || TcpStream::connect(
+        extra
+    )
+    .is_ok()));
+    let mut on_extra = Client::connect(extra);
+    assert_eq!(on_extra.get("/").text(), "hi");
+
+    dir.write(&format!("{BASE}{}", respond_route("/", "hi")));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    assert!(
+        wait_until(Duration::from_secs(2), || TcpStream::connect(extra)
+            .is_err()),
+        "the removed listener still accepts"
+    );
+    // Its open connection finishes what it does; the kept listener is unaffected.
+    assert_eq!(on_extra.get("/").text(), "hi");
+    assert_eq!(Client::connect(addr).get("/").text(), "hi");
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn an_in_flight_request_finishes_on_the_generation_it_started_with() {
+    let origin = Origin::start(|_| {
+        Reply::Delay(
+            Duration::from_millis(600),
+            Box::new(Reply::text(200, "slow")),
+        )
+    });
+    let dir = Dir::new("inflight");
+    let proxied = format!(
+        "{BASE}[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        origin.addr
+    );
+    let (server, addr) = start(&dir, &proxied);
+    let mut busy = Client::connect(addr);
+    busy.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(wait_until(Duration::from_secs(5), || !origin
+        .requests()
+        .is_empty()));
+    // The new generation has no upstream and no such route at all.
+    dir.write(&format!("{BASE}{}", respond_route("/other", "x")));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    let r = busy.read_response(false).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "slow"));
+    // The same connection's next request sees the new routes.
+    assert_eq!(busy.get("/slow").status, 404);
+    let m = metrics(addr);
+    assert!(
+        m["ringway_requests_previous_generation_total"] >= 1.0,
+        "{m:?}"
+    );
+    server.shutdown();
+    server.join();
+}
+
+/// 64 keep-alive clients keep requesting while the config is rewritten and reloaded 20 times
+/// (routes added, removed and changed): not one request fails or gets a non-2xx answer, and
+/// after each reload the new routes answer.
+#[test]
+fn twenty_reloads_under_load_fail_no_request() {
+    let origin = Origin::ok("from-origin");
+    let dir = Dir::new("storm");
+    let config = |k: usize| {
+        // /load is always routed, alternately to the origin and answered locally; /probe says
+        // which generation answers; /gone-{k-1} is removed, /added-{k} added.
+        let load = if k % 2 == 0 {
+            "[[routes]]\npath_prefix = \"/load\"\nproxy = \"up\"\n".to_string()
+        } else {
+            respond_route("/load", &format!("local-{k}"))
+        };
+        format!(
+            "{BASE}[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n{load}{}{}",
+            origin.addr,
+            respond_route("/probe", &format!("gen-{k}")),
+            respond_route(&format!("/added-{k}"), &format!("added-{k}"))
+        )
+    };
+    let (server, addr) = start(&dir, &config(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            let (stop, ok, bad) = (stop.clone(), ok.clone(), bad.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                while !stop.load(Ordering::Relaxed) {
+                    c.send(b"GET /load HTTP/1.1\r\nHost: a\r\n\r\n");
+                    match c.read_response(false) {
+                        Some(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                            c = Client::connect(addr);
+                            0
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    let mut probe = Client::connect(addr);
+    let started = Instant::now();
+    for k in 1..=20 {
+        std::thread::sleep(Duration::from_millis(50));
+        dir.write(&config(k));
+        let g = server
+            .reload_handle()
+            .reload_and_wait()
+            .expect("reload applies");
+        assert!(
+            server.wait_for_generation(g, Duration::from_secs(2)),
+            "workers did not install {g}"
+        );
+        assert_eq!(probe.get("/probe").text(), format!("gen-{k}"), "reload {k}");
+        assert_eq!(probe.get(&format!("/added-{k}")).status, 200, "reload {k}");
+        assert_eq!(
+            probe.get(&format!("/added-{}", k - 1)).status,
+            404,
+            "reload {k}: removed route"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (ok, bad) = (ok.load(Ordering::Relaxed), bad.load(Ordering::Relaxed));
+    println!(
+        "{ok} requests, {bad} failed, 20 reloads in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(bad, 0, "{bad} of {} requests failed", ok + bad);
+    assert!(ok > 1000, "too little load: {ok}");
+    server.shutdown();
+    server.join();
+}

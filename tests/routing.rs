@@ -1,0 +1,164 @@
+//! Route actions over real sockets: rewrites reaching the origin, criteria choosing the
+//! upstream, redirects, maintenance, per-route limits, respond from a file, host groups.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use support::*;
+
+fn two_origins() -> (Origin, Origin) {
+    (
+        Origin::start(|req| Reply::text(200, &format!("a {}", req.target))),
+        Origin::start(|req| Reply::text(200, &format!("b {}", req.target))),
+    )
+}
+
+#[test]
+fn templates_rewrites_and_the_query_reach_the_origin() {
+    let (a, _) = two_origins();
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_template = \"/users/{{id}}/posts/{{post}}\"\nproxy = \"a\"\n\
+         rewrite = {{ pattern = \"^/users/([^/]+)/posts/.*$\", replacement = \"/v2/posts/${{post}}/by/$1\" }}\n\
+         [[routes]]\npath_prefix = \"/api/\"\nproxy = \"a\"\nstrip_prefix = \"/api\"\nadd_prefix = \"/internal\"\n",
+        a.addr
+    ));
+    let mut c = proxy.connect();
+    assert_eq!(
+        c.get("/users/7/posts/99?x=1").text(),
+        "a /v2/posts/99/by/7?x=1"
+    );
+    assert_eq!(
+        c.get("/api/items?page=2").text(),
+        "a /internal/items?page=2"
+    );
+}
+
+#[test]
+fn criteria_choose_the_upstream() {
+    let (a, b) = two_origins();
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n[[upstreams]]\nname = \"b\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nmethods = [\"POST\"]\nproxy = \"b\"\n\
+         [[routes]]\npath_prefix = \"/\"\nheaders = {{ \"x-canary\" = \"1\" }}\nproxy = \"b\"\n\
+         [[routes]]\npath_prefix = \"/\"\ncookies = {{ \"beta\" = true }}\nproxy = \"b\"\n\
+         [[routes]]\npath_prefix = \"/\"\nquery = {{ \"b\" = true }}\nproxy = \"b\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+        a.addr, b.addr
+    ));
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/x").text(), "a /x");
+    c.send(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().text(), "b /x");
+    c.send(b"GET /x HTTP/1.1\r\nHost: h\r\nX-Canary: 1\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().text(), "b /x");
+    c.send(b"GET /x HTTP/1.1\r\nHost: h\r\nX-Canary: 2\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().text(), "a /x");
+    c.send(b"GET /x HTTP/1.1\r\nHost: h\r\nCookie: a=1; beta=\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().text(), "b /x");
+    assert_eq!(c.get("/x?b").text(), "b /x?b");
+}
+
+#[test]
+fn redirects_answer_with_the_built_location() {
+    let proxy = Proxy::start(
+        "[[routes]]\npath_prefix = \"/\"\nredirect = { status = 308, scheme = \"https\" }\n\
+         [[routes]]\npath = \"/old\"\nredirect = { status = 301, host = \"new.example.com\", path = \"/new\" }\n",
+    );
+    let mut c = proxy.connect();
+    c.send(b"GET /a/b?c=d HTTP/1.1\r\nHost: shop.example.com:8080\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 308);
+    assert_eq!(
+        r.header("location"),
+        Some("https://shop.example.com/a/b?c=d")
+    );
+    assert_eq!(r.header("content-length"), Some("0"));
+    c.send(b"GET /old?x=1 HTTP/1.1\r\nHost: shop.example.com\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("http://new.example.com/new"))
+    );
+}
+
+#[test]
+fn a_route_in_maintenance_answers_503_before_its_limits() {
+    let proxy = Proxy::start(
+        "[[routes]]\npath_prefix = \"/billing/\"\nrespond = { status = 200 }\n\
+         maintenance = { message = \"back at 10:00\", retry_after = \"90s\" }\nlimits = { max_body_bytes = 1 }\n\
+         [[routes]]\npath_prefix = \"/\"\nrespond = { status = 200, body = \"up\" }\n",
+    );
+    let mut c = proxy.connect();
+    c.send(b"POST /billing/x HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("90"));
+    assert_eq!(r.error_code().as_deref(), Some("maintenance"));
+    assert!(r.text().contains("back at 10:00"), "{}", r.text());
+    // The connection goes on; reserved paths and other routes are unaffected.
+    assert_eq!(c.get("/healthz").status, 200);
+    assert_eq!(c.get("/other").text(), "up");
+}
+
+#[test]
+fn per_route_limits() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"o\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/small/\"\nproxy = \"o\"\nlimits = {{ max_body_bytes = 10, max_head_bytes = 200 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"o\"\n",
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    c.send(b"POST /small/x HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\nhello world");
+    assert_eq!(c.read_response(false).unwrap().status, 413);
+    let mut c = proxy.connect();
+    c.send(b"POST /small/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 413);
+    let mut c = proxy.connect();
+    let big = "v".repeat(300);
+    c.send(format!("GET /small/x HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\n\r\n").as_bytes());
+    assert_eq!(c.read_response(false).unwrap().status, 431);
+    // Other routes keep the global limits.
+    let mut c = proxy.connect();
+    c.send(format!("POST /big HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\nContent-Length: 11\r\n\r\nhello world").as_bytes());
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+}
+
+#[test]
+fn respond_from_a_file_and_host_groups() {
+    let dir = std::env::temp_dir().join(format!("ringway-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("page.html"), "<h1>from a file</h1>").unwrap();
+    let config = dir.join("ringway.toml");
+    std::fs::write(
+        &config,
+        "workers = 1\ncpus = []\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+         [[routes]]\npath = \"/page\"\nrespond = { status = 200, body_file = \"page.html\", headers = { \"content-type\" = \"text/html\" } }\n\
+         [[routes]]\nhost = \"*.example.com\"\npath_prefix = \"/\"\nrespond = { status = 200, body = \"wildcard\" }\n\
+         [[routes]]\nhost = \"api.example.com\"\npath_prefix = \"/\"\nrespond = { status = 200, body = \"exact\" }\n",
+    )
+    .unwrap();
+    let gen = ringway::config::load(&config).unwrap();
+    let server = ringway::Server::start(gen).unwrap();
+    let mut c = Client::connect(server.local_addrs()[0]);
+    let r = c.get("/page");
+    assert_eq!(
+        (r.text().as_str(), r.header("content-type")),
+        ("<h1>from a file</h1>", Some("text/html"))
+    );
+    for (host, want) in [
+        ("api.example.com", "exact"),
+        ("www.example.com", "wildcard"),
+        ("API.EXAMPLE.COM:80", "exact"),
+    ] {
+        c.send(format!("GET /x HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
+        assert_eq!(c.read_response(false).unwrap().text(), want, "{host}");
+    }
+    c.send(b"GET /x HTTP/1.1\r\nHost: other.org\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 404);
+    server.shutdown();
+    server.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
