@@ -305,3 +305,32 @@ fn twenty_reloads_under_load_fail_no_request() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn idle_upstream_connections_survive_a_reload() {
+    let origin = Origin::ok("pooled");
+    let dir = Dir::new("pools");
+    let text = |extra: &str| {
+        format!(
+            "workers = 1\ncpus = []\nlog_level = \"error\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n{extra}",
+            origin.addr
+        )
+    };
+    let (server, addr) = start(&dir, &text(""));
+    let mut c = Client::connect(addr);
+    assert_eq!(c.get("/a").text(), "pooled");
+    for k in 0..3 {
+        dir.write(&text(&respond_route(&format!("/new-{k}"), "x")));
+        let g = server.reload_handle().reload_and_wait().unwrap();
+        assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+        assert_eq!(c.get("/a").text(), "pooled");
+    }
+    assert_eq!(
+        origin.connection_count(),
+        1,
+        "the pooled connection was carried across reloads"
+    );
+    server.shutdown();
+    server.join();
+}

@@ -94,6 +94,26 @@ fn check_prints_the_compiled_config() {
 }
 
 #[test]
+fn check_warns_about_unreachable_routes() {
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/routes.toml"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("template=/users/{id}"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("warning: route `shadowed`")),
+        "{text}"
+    );
+}
+
+#[test]
 fn every_example_config_checks() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples");
     let mut n = 0;
