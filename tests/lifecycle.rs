@@ -315,3 +315,50 @@ fn in_process_shutdown_drains_and_readyz_says_so() {
         "listeners are closed after shutdown"
     );
 }
+
+#[test]
+fn sighup_reloads_the_config_file() {
+    let listen = free_port();
+    let path = temp_config(
+        "hup.toml",
+        &format!("workers = 1\ncpus = []\n[[listeners]]\naddress = \"{listen}\"\n[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, body = \"before\" }}\n"),
+    );
+    let mut p = Running(
+        Command::new(BIN)
+            .args(["--config", path.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_listening(listen));
+    assert_eq!(Client::connect(listen).get("/").body, b"before");
+    std::fs::write(
+        &path,
+        format!("workers = 1\ncpus = []\n[[listeners]]\naddress = \"{listen}\"\n[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, body = \"after\" }}\n"),
+    )
+    .unwrap();
+    // SAFETY: kill(2) with a pid we spawned and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    assert!(wait_until(Duration::from_secs(5), || Client::connect(
+        listen
+    )
+    .get("/")
+    .body
+        == b"after"));
+    sigterm(&p.0);
+    let status = p.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIGHUP did not end the process, SIGTERM ended it cleanly"
+    );
+    let mut log = String::new();
+    std::io::Read::read_to_string(p.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(log.contains("SIGHUP: reloading the config"), "{log}");
+    assert!(log.contains("config reloaded"), "{log}");
+}
