@@ -339,11 +339,10 @@ fn sighup_reloads_the_config_file() {
         format!("workers = 1\ncpus = []\n[[listeners]]\naddress = \"{listen}\"\n[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200, body = \"after\" }}\n"),
     )
     .unwrap();
+    let pid = p.0.id() as libc::pid_t;
     // SAFETY: kill(2) with a pid we spawned and a valid signal number.
-    assert_eq!(
-        unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGHUP) },
-        0
-    );
+    let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
+    assert_eq!(rc, 0);
     assert!(wait_until(Duration::from_secs(5), || Client::connect(
         listen
     )
