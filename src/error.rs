@@ -59,13 +59,22 @@ pub enum ErrorKind {
     ShuttingDown,
     /// The matched route is in maintenance.
     Maintenance,
+    /// The upstream's circuit breaker is open.
+    CircuitOpen,
+    /// The gateway-wide concurrency cap is reached (for this request's priority class).
+    GatewaySaturated,
+    /// Every endpoint of the upstream is at its connection limit (or out of tokens) and the
+    /// upstream's queue is full, or the wait for a connection ran out.
+    UpstreamSaturated,
+    /// The upstream has no endpoint in rotation (none resolved, or all drained).
+    NoEndpoint,
     /// A bug or resource failure inside ringway.
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::BadRequest,
         ErrorKind::HeadTooLarge,
         ErrorKind::UriTooLong,
@@ -83,6 +92,10 @@ impl ErrorKind {
         ErrorKind::UpstreamInvalid,
         ErrorKind::ShuttingDown,
         ErrorKind::Maintenance,
+        ErrorKind::CircuitOpen,
+        ErrorKind::GatewaySaturated,
+        ErrorKind::UpstreamSaturated,
+        ErrorKind::NoEndpoint,
         ErrorKind::Internal,
     ];
 
@@ -106,6 +119,10 @@ impl ErrorKind {
             ErrorKind::UpstreamInvalid => 502,
             ErrorKind::ShuttingDown => 503,
             ErrorKind::Maintenance => 503,
+            ErrorKind::CircuitOpen => 503,
+            ErrorKind::GatewaySaturated => 503,
+            ErrorKind::UpstreamSaturated => 503,
+            ErrorKind::NoEndpoint => 503,
             ErrorKind::Internal => 500,
         })
     }
@@ -130,6 +147,10 @@ impl ErrorKind {
             ErrorKind::UpstreamInvalid => "upstream_invalid_response",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Maintenance => "maintenance",
+            ErrorKind::CircuitOpen => "upstream_circuit_open",
+            ErrorKind::GatewaySaturated => "gateway_saturated",
+            ErrorKind::UpstreamSaturated => "upstream_saturated",
+            ErrorKind::NoEndpoint => "no_upstream_endpoint",
             ErrorKind::Internal => "internal_error",
         }
     }
@@ -156,6 +177,10 @@ impl ErrorKind {
             ErrorKind::UpstreamInvalid => "the upstream sent an invalid response",
             ErrorKind::ShuttingDown => "the gateway is shutting down",
             ErrorKind::Maintenance => "this route is down for maintenance",
+            ErrorKind::CircuitOpen => "upstream circuit open",
+            ErrorKind::GatewaySaturated => "gateway saturated",
+            ErrorKind::UpstreamSaturated => "upstream saturated",
+            ErrorKind::NoEndpoint => "no upstream endpoint is available",
             ErrorKind::Internal => "internal error",
         }
     }
@@ -167,6 +192,10 @@ impl ErrorKind {
             self,
             ErrorKind::NoRoute
                 | ErrorKind::Maintenance
+                | ErrorKind::CircuitOpen
+                | ErrorKind::GatewaySaturated
+                | ErrorKind::UpstreamSaturated
+                | ErrorKind::NoEndpoint
                 | ErrorKind::UpstreamConnect
                 | ErrorKind::UpstreamConnectTimeout
                 | ErrorKind::UpstreamTimeout
@@ -301,7 +330,7 @@ mod tests {
 
     #[test]
     fn status_table() {
-        let expected: [(ErrorKind, Option<u16>, bool); 18] = [
+        let expected: [(ErrorKind, Option<u16>, bool); 22] = [
             (ErrorKind::BadRequest, Some(400), true),
             (ErrorKind::HeadTooLarge, Some(431), true),
             (ErrorKind::UriTooLong, Some(414), true),
@@ -319,6 +348,10 @@ mod tests {
             (ErrorKind::UpstreamInvalid, Some(502), false),
             (ErrorKind::ShuttingDown, Some(503), true),
             (ErrorKind::Maintenance, Some(503), false),
+            (ErrorKind::CircuitOpen, Some(503), false),
+            (ErrorKind::GatewaySaturated, Some(503), false),
+            (ErrorKind::UpstreamSaturated, Some(503), false),
+            (ErrorKind::NoEndpoint, Some(503), false),
             (ErrorKind::Internal, Some(500), false),
         ];
         for (kind, status, closes) in expected {

@@ -24,16 +24,18 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Check { config } => match config::load(&config) {
-            Ok(gen) => match control::resolve_all(&gen) {
-                Ok(endpoints) => {
-                    print!("{}", config::describe(&gen, Some(&endpoints)));
-                    ExitCode::SUCCESS
+            Ok(gen) => {
+                match control::resolve_all(&gen, &ringway::shared::StateBook::new(None, 1)) {
+                    Ok(endpoints) => {
+                        print!("{}", config::describe(&gen, Some(&endpoints)));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("{}: {e}", gen.source);
+                        ExitCode::FAILURE
+                    }
                 }
-                Err(e) => {
-                    eprintln!("{}: {e}", gen.source);
-                    ExitCode::FAILURE
-                }
-            },
+            }
             Err(e) => {
                 eprintln!("{e}");
                 ExitCode::FAILURE

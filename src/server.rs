@@ -46,6 +46,7 @@ pub struct Server {
     admin_addr: Option<SocketAddr>,
     workers: Vec<JoinHandle<()>>,
     control: Option<JoinHandle<()>>,
+    health: Option<JoinHandle<()>>,
     admin: Option<JoinHandle<()>>,
     commands: Sender<Command>,
     stop_control: Arc<AtomicBool>,
@@ -88,8 +89,10 @@ impl Server {
     /// Starts `gen`: returns once every worker listens.
     pub fn start(gen: Generation) -> Result<Server, StartError> {
         let gen = Arc::new(gen);
-        let endpoints = control::resolve_all(&gen).map_err(StartError::Resolve)?;
         let workers = gen.workers.resolve();
+        let book = crate::shared::StateBook::new(None, workers);
+        let endpoints = control::resolve_all(&gen, &book).map_err(StartError::Resolve)?;
+        let published = crate::shared::Published::new(1, gen.clone(), endpoints, &book);
         if let Err(e) = net::sys::raise_nofile_limit() {
             tracing::warn!(error = %e, "cannot raise the open-files limit");
         }
@@ -124,7 +127,7 @@ impl Server {
             .next_multiple_of(4096)
             .max(16 * 1024);
         let pinning = gen.cpus.clone();
-        let shared = Arc::new(Shared::new(workers, gen, endpoints, driver));
+        let shared = Arc::new(Shared::new(workers, published, driver));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let mut handles = Vec::with_capacity(workers);
         let mut worker_txs = Vec::with_capacity(workers);
@@ -171,14 +174,22 @@ impl Server {
                 .spawn(move || control::run(state, commands_rx, stop))
                 .map_err(|e| StartError::Worker(format!("cannot spawn the control thread: {e}")))?
         };
+        let health = {
+            let (shared, stop) = (shared.clone(), stop_control.clone());
+            std::thread::Builder::new()
+                .name("ringway-health".into())
+                .spawn(move || control::health::run(shared, stop))
+                .map_err(|e| StartError::Worker(format!("cannot spawn the health thread: {e}")))?
+        };
         let admin = match admin_listener {
             None => None,
             Some(listener) => {
-                let (commands, stop) = (commands.clone(), stop_control.clone());
+                let (commands, stop, shared) =
+                    (commands.clone(), stop_control.clone(), shared.clone());
                 Some(
                     std::thread::Builder::new()
                         .name("ringway-admin".into())
-                        .spawn(move || control::admin::serve(listener, commands, stop))
+                        .spawn(move || control::admin::serve(listener, shared, commands, stop))
                         .map_err(|e| {
                             StartError::Worker(format!("cannot spawn the admin thread: {e}"))
                         })?,
@@ -198,6 +209,7 @@ impl Server {
             admin_addr,
             workers: handles,
             control: Some(control),
+            health: Some(health),
             admin,
             commands,
             stop_control,
@@ -268,6 +280,9 @@ impl Server {
         self.stop_control.store(true, Ordering::Release);
         if let Some(c) = self.control.take() {
             let _ = c.join();
+        }
+        if let Some(h) = self.health.take() {
+            let _ = h.join();
         }
         if let Some(a) = self.admin.take() {
             let _ = a.join();

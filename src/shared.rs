@@ -4,22 +4,86 @@
 //! cross cores and who writes it. Everything else a request touches lives in its worker.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
 use crate::config::Generation;
 use crate::observe::metrics::WorkerMetrics;
+use crate::upstream::state::{EndpointState, UpstreamState};
 
 /// One upstream endpoint after name resolution.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ResolvedEndpoint {
     /// Address to connect to.
     pub addr: SocketAddr,
     /// `host:port` as configured: the Host header sent upstream.
     pub authority: Arc<str>,
+    /// Weight for the weighted balancer.
+    pub weight: u32,
+    /// Its cross-core state (health, ejection, drain, connections), kept across reloads and
+    /// DNS refreshes for as long as the upstream has this address and authority.
+    pub state: Arc<EndpointState>,
+}
+
+/// Equal when the address, authority and weight are (the state is not compared: a DNS refresh
+/// that finds the same answers changes nothing).
+impl PartialEq for ResolvedEndpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.addr == other.addr && self.authority == other.authority && self.weight == other.weight
+    }
+}
+
+impl Eq for ResolvedEndpoint {}
+
+/// Hands out cross-core upstream state for a generation being built: the state of the same
+/// upstream (by name) and endpoint (by address and authority) in `previous` when there is one,
+/// new state otherwise. Breakers, ejections, drains and health survive reloads and DNS changes.
+#[derive(Debug)]
+pub struct StateBook<'a> {
+    previous: Option<&'a Published>,
+    workers: usize,
+}
+
+impl<'a> StateBook<'a> {
+    /// A book that reuses `previous`'s state, for `workers` workers.
+    pub fn new(previous: Option<&'a Published>, workers: usize) -> Self {
+        StateBook { previous, workers }
+    }
+
+    fn previous_index(&self, upstream: &str) -> Option<(&'a Published, usize)> {
+        let p = self.previous?;
+        let i = p.gen.upstreams.iter().position(|u| u.name == upstream)?;
+        Some((p, i))
+    }
+
+    /// The state of upstream `name`.
+    pub fn upstream(&self, name: &str) -> Arc<UpstreamState> {
+        self.previous_index(name)
+            .and_then(|(p, i)| p.upstreams.get(i).cloned())
+            .unwrap_or_else(|| Arc::new(UpstreamState::new(name, self.workers)))
+    }
+
+    /// The state of endpoint `addr` (`authority`) of upstream `upstream`.
+    pub fn endpoint(
+        &self,
+        upstream: &str,
+        addr: SocketAddr,
+        authority: &Arc<str>,
+    ) -> Arc<EndpointState> {
+        self.previous_index(upstream)
+            .and_then(|(p, i)| {
+                p.endpoints
+                    .get(i)?
+                    .iter()
+                    .find(|e| e.addr == addr && e.authority == *authority)
+                    .map(|e| e.state.clone())
+            })
+            .unwrap_or_else(|| Arc::new(EndpointState::new(addr, authority.clone(), self.workers)))
+    }
 }
 
 /// Resolved endpoints, per upstream (same order as the generation's upstream list).
@@ -34,6 +98,69 @@ pub struct Published {
     pub gen: Arc<Generation>,
     /// Its upstreams' endpoints.
     pub endpoints: Arc<EndpointTable>,
+    /// Its upstreams' cross-core state (same order as the generation's upstream list).
+    pub upstreams: Vec<Arc<UpstreamState>>,
+}
+
+impl Published {
+    /// Publishable data for generation `number` of `gen` with resolved `endpoints`; upstream
+    /// state comes from `book`.
+    pub fn new(
+        number: u64,
+        gen: Arc<Generation>,
+        endpoints: EndpointTable,
+        book: &StateBook<'_>,
+    ) -> Self {
+        let upstreams = gen
+            .upstreams
+            .iter()
+            .map(|u| book.upstream(&u.name))
+            .collect();
+        Published {
+            number,
+            gen,
+            endpoints: Arc::new(endpoints),
+            upstreams,
+        }
+    }
+}
+
+/// The gateway-wide concurrency cap: one in-flight counter shared by every worker.
+#[derive(Debug, Default)]
+pub struct Admission {
+    in_flight: CachePadded<AtomicU32>,
+}
+
+impl Admission {
+    /// Takes a slot while fewer than `limit` are in flight (compare-and-swap, so the cap is
+    /// exact across cores). The slot is returned by [`Admission::release`].
+    pub fn try_acquire(&self, limit: u32) -> bool {
+        let mut cur = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if cur >= limit {
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Returns a slot.
+    pub fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Slots in use.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
 }
 
 /// Which monoio driver the workers run on.
@@ -78,24 +205,22 @@ pub struct Shared {
     pub workers_ready: CachePadded<AtomicU64>,
     /// The driver workers run on, decided once at start.
     pub driver: DriverKind,
+    /// `gateway.max_concurrent_requests`: the cap is gateway-wide, so its counter crosses
+    /// cores (DESIGN.md §5).
+    pub admission: Admission,
+    /// The time origin of the millisecond clocks in upstream state (ejections, breaker).
+    pub epoch: Instant,
+    /// Number of workers (the size of every per-worker shard).
+    pub workers: usize,
 }
 
 impl Shared {
     /// Cells for `workers` workers, starting with generation 1.
-    pub fn new(
-        workers: usize,
-        gen: Arc<Generation>,
-        endpoints: EndpointTable,
-        driver: DriverKind,
-    ) -> Self {
+    pub fn new(workers: usize, published: Published, driver: DriverKind) -> Self {
         Shared {
             draining: CachePadded::new(AtomicBool::new(false)),
             version: CachePadded::new(AtomicU64::new(0)),
-            published: ArcSwap::from_pointee(Published {
-                number: 1,
-                gen,
-                endpoints: Arc::new(endpoints),
-            }),
+            published: ArcSwap::from_pointee(published),
             reloads_ok: CachePadded::new(AtomicU64::new(0)),
             reloads_failed: CachePadded::new(AtomicU64::new(0)),
             metrics: (0..workers)
@@ -103,7 +228,15 @@ impl Shared {
                 .collect(),
             workers_ready: CachePadded::new(AtomicU64::new(0)),
             driver,
+            admission: Admission::default(),
+            epoch: Instant::now(),
+            workers,
         }
+    }
+
+    /// Milliseconds from `epoch` to `now`.
+    pub fn millis(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
     /// Whether graceful shutdown has begun.

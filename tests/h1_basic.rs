@@ -365,8 +365,17 @@ fn metrics_count_pool_hits_and_connects() {
         c.get("/");
     }
     let m = metrics(proxy.addr);
-    assert_eq!(m["ringway_upstream_connects_total"], 1.0, "{m:?}");
-    assert!(m["ringway_upstream_pool_hits_total"] >= 4.0);
+    assert_eq!(
+        m["ringway_upstream_pool_misses_total{upstream=\"up\"}"], 1.0,
+        "{m:?}"
+    );
+    assert!(m["ringway_upstream_pool_hits_total{upstream=\"up\"}"] >= 4.0);
+    assert_eq!(m["ringway_upstream_requests_total{upstream=\"up\"}"], 5.0);
+    let ep = format!("upstream=\"up\",endpoint=\"{}\"", origin.addr);
+    assert_eq!(m[&format!("ringway_endpoint_requests_total{{{ep}}}")], 5.0);
+    assert_eq!(m[&format!("ringway_endpoint_connections{{{ep}}}")], 1.0);
+    assert_eq!(m[&format!("ringway_endpoint_healthy{{{ep}}}")], 1.0);
+    assert_eq!(m["ringway_upstream_breaker_state{upstream=\"up\"}"], 0.0);
     assert!(m["ringway_client_bytes_received_total"] > 0.0);
     assert!(m["ringway_client_bytes_sent_total"] > 0.0);
 }

@@ -154,7 +154,7 @@ fn pools_are_per_endpoint_and_reused_round_robin() {
     let a = Origin::ok("a");
     let b = Origin::ok("b");
     let proxy = Proxy::start(&format!(
-        "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\", \"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nbalancer = \"round_robin\"\nendpoints = [\"{}\", \"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
         a.addr, b.addr
     ));
     let mut c = proxy.connect();

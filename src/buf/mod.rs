@@ -181,6 +181,24 @@ impl Block {
         Ok(())
     }
 
+    /// Removes `n` unconsumed bytes starting `at` bytes into the data (fewer when the data
+    /// ends first), moving the bytes after them forward.
+    pub fn remove(&mut self, at: usize, n: usize) {
+        let at = at.min(self.len());
+        let n = n.min(self.len() - at);
+        if n == 0 {
+            return;
+        }
+        let (from, end) = (self.start + at + n, self.end);
+        let to = self.start + at;
+        self.mem_mut().copy_within(from..end, to);
+        self.end -= n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
     /// Moves the unconsumed bytes of `other` (as many as fit) to the end of this block.
     pub fn put_from(&mut self, other: &mut Block) -> usize {
         let n = other.len().min(self.spare());
@@ -270,6 +288,23 @@ mod tests {
         assert_eq!(b.spare(), 1024);
         assert_eq!(b.put(&[0u8; 1025]), Err(Full));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn remove_from_the_middle() {
+        let pool = BufPool::new(64);
+        let mut b = pool.take();
+        b.put(b"xxHEADbodyNEXT").unwrap();
+        b.consume(2);
+        b.remove(4, 4);
+        assert_eq!(b.data(), b"HEADNEXT");
+        b.remove(4, 100);
+        assert_eq!(b.data(), b"HEAD");
+        b.remove(9, 1);
+        assert_eq!(b.data(), b"HEAD");
+        b.remove(0, 4);
+        assert!(b.is_empty());
+        assert_eq!(b.spare(), b.capacity());
     }
 
     #[test]

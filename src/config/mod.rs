@@ -98,7 +98,15 @@ pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9901";
 pub struct GatewayConfig {
     /// Peers whose X-Forwarded-For chain is kept (empty: trust nobody).
     pub trusted_proxies: Vec<IpNet>,
+    /// Proxied requests in flight across all workers (0: no cap).
+    pub max_concurrent_requests: u32,
+    /// Slots of the cap only routes of [`HIGH_PRIORITY_CLASS`] or above may take: a tenth of
+    /// the cap (at least 1) when such a route exists, else 0.
+    pub high_priority_reserve: u32,
 }
+
+/// Routes of this `priority_class` or above may use the reserved share of the gateway cap.
+pub const HIGH_PRIORITY_CLASS: u8 = 8;
 
 /// `[http]`: limits and timeouts on the client side.
 #[derive(Debug, Clone)]
@@ -149,6 +157,24 @@ pub struct UpstreamConfig {
     pub name: String,
     /// Endpoints in config order (at least one).
     pub endpoints: Vec<EndpointSpec>,
+    /// How an endpoint is chosen.
+    pub balancer: BalancerConfig,
+    /// Open connections per endpoint across workers (0: unlimited).
+    pub max_connections: u32,
+    /// Requests that may wait for a connection when every endpoint is at its limit (0: none).
+    pub max_pending: u32,
+    /// Per-endpoint token bucket, when set.
+    pub rate_limit: Option<RateLimitConfig>,
+    /// Active health checks, when set.
+    pub health_check: Option<HealthCheckConfig>,
+    /// Passive health (outlier ejection); `None` when turned off (`consecutive_failures = 0`).
+    pub outlier: Option<OutlierConfig>,
+    /// Circuit breaker (a zero threshold disables it).
+    pub breaker: BreakerConfig,
+    /// Retry policy.
+    pub retries: RetryPolicy,
+    /// Retry budget shared by all workers.
+    pub retry_budget: RetryBudgetConfig,
     /// Time to establish a TCP connection.
     pub connect_timeout: Duration,
     /// Time from the end of the request to the response head.
@@ -159,6 +185,217 @@ pub struct UpstreamConfig {
     pub pool_max_idle: usize,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+}
+
+/// `balancer = ...`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BalancerConfig {
+    /// Power of two choices on peak-EWMA latency times in-flight requests (the default).
+    P2cEwma,
+    /// In turn.
+    RoundRobin,
+    /// Smooth weighted round robin (as nginx), by endpoint `weight`.
+    Weighted,
+    /// Fewest in-flight requests (per worker).
+    LeastConn,
+    /// Hash of the client IP.
+    IpHash,
+    /// Hash of a cookie's value (sticky sessions); round robin without the cookie.
+    CookieHash(String),
+    /// Consistent hashing (a ring of virtual nodes) on a key.
+    ConsistentHash(HashKey),
+}
+
+impl BalancerConfig {
+    /// The configured name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BalancerConfig::P2cEwma => "p2c_ewma",
+            BalancerConfig::RoundRobin => "round_robin",
+            BalancerConfig::Weighted => "weighted",
+            BalancerConfig::LeastConn => "least_conn",
+            BalancerConfig::IpHash => "ip_hash",
+            BalancerConfig::CookieHash(_) => "cookie_hash",
+            BalancerConfig::ConsistentHash(_) => "consistent_hash",
+        }
+    }
+}
+
+/// What a consistent hash is computed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// A request header's value (lower-cased name).
+    Header(String),
+    /// A cookie's value.
+    Cookie(String),
+    /// The client IP (the direct peer).
+    ClientIp,
+}
+
+/// `rate_limit = { max_rps, burst }`: a token bucket per endpoint; an empty one makes the
+/// endpoint ineligible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    /// Tokens per second.
+    pub max_rps: u32,
+    /// Extra tokens that may be spent at once.
+    pub burst: u32,
+}
+
+impl RateLimitConfig {
+    /// Nanoseconds per token.
+    pub fn interval_ns(&self) -> u64 {
+        1_000_000_000 / u64::from(self.max_rps.max(1))
+    }
+
+    /// How far ahead the bucket may be spent, in nanoseconds.
+    pub fn burst_ns(&self) -> u64 {
+        self.interval_ns() * u64::from(self.burst)
+    }
+}
+
+/// `health_check = { ... }`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheckConfig {
+    /// Path probed with GET.
+    pub path: String,
+    /// Status that counts as healthy (0: any 2xx).
+    pub expect_status: u16,
+    /// Time between probes of one endpoint.
+    pub interval: Duration,
+    /// Time a probe may take.
+    pub timeout: Duration,
+    /// Successes in a row that mark an endpoint healthy.
+    pub healthy_threshold: u32,
+    /// Failures in a row that mark it unhealthy.
+    pub unhealthy_threshold: u32,
+}
+
+/// `outlier = { ... }`: passive health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutlierConfig {
+    /// Failures in a row that eject an endpoint.
+    pub consecutive_failures: u32,
+    /// First ejection time; the n-th lasts n times this.
+    pub base_ejection: Duration,
+    /// Longest ejection.
+    pub max_ejection: Duration,
+    /// Most endpoints of the upstream ejected at once, in percent.
+    pub max_ejection_percent: u32,
+    /// Whether 5xx responses count as failures.
+    pub on_5xx: bool,
+}
+
+impl Default for OutlierConfig {
+    /// On by default, as nginx's passive health: 5 failures in a row eject for 10 s (20 s the
+    /// second time, ... up to 5 min), at most half the endpoints at once.
+    fn default() -> Self {
+        OutlierConfig {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(300),
+            max_ejection_percent: 50,
+            on_5xx: false,
+        }
+    }
+}
+
+/// `breaker = { ... }`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Failures in a row that open it (0: no breaker).
+    pub failure_threshold: u32,
+    /// How long it stays open before half-open.
+    pub open_duration: Duration,
+    /// Probe requests allowed at once while half-open, across workers.
+    pub half_open_max: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failure_threshold: 0,
+            open_duration: Duration::from_secs(30),
+            half_open_max: 1,
+        }
+    }
+}
+
+/// What failures a retry is tried on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryOn {
+    /// The connection could not be made (refused, timed out).
+    pub connect_failure: bool,
+    /// The connection was reset or closed before a response head.
+    pub reset: bool,
+    /// Any 5xx response.
+    pub status_5xx: bool,
+    /// 502, 503 and 504 responses.
+    pub gateway_error: bool,
+}
+
+/// `retries = { ... }`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1: no retry).
+    pub attempts: u32,
+    /// Time each attempt may take for its response head (default: the upstream's
+    /// `response_timeout`).
+    pub per_try_timeout: Option<Duration>,
+    /// First backoff; then doubled per retry, with full jitter.
+    pub backoff_base: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+    /// What is retried.
+    pub retry_on: RetryOn,
+    /// POST may be retried (never PATCH or other non-idempotent methods).
+    pub retry_post: bool,
+    /// Request bodies up to this size are kept for replay (0: never buffered: a request with
+    /// a body is retried only when none of it was sent).
+    pub buffer_max_bytes: usize,
+    /// Deadline for all attempts together.
+    pub total_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 2,
+            per_try_timeout: None,
+            backoff_base: Duration::from_millis(25),
+            backoff_max: Duration::from_millis(250),
+            retry_on: RetryOn {
+                connect_failure: true,
+                reset: true,
+                ..RetryOn::default()
+            },
+            retry_post: false,
+            buffer_max_bytes: 0,
+            total_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `retry_budget = { ... }`: retries stay under `percent` of requests over a 10 s window plus
+/// `min_per_second`, and under `max_concurrent` at once, across all workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryBudgetConfig {
+    /// Retries allowed as a percentage of requests.
+    pub percent: u32,
+    /// Retries allowed per second regardless.
+    pub min_per_second: u32,
+    /// Retries in progress at once.
+    pub max_concurrent: u32,
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        RetryBudgetConfig {
+            percent: 20,
+            min_per_second: 10,
+            max_concurrent: 100,
+        }
+    }
 }
 
 /// An endpoint as configured: `host:port`.
@@ -172,6 +409,8 @@ pub struct EndpointSpec {
     pub port: u16,
     /// The address when `host` is an IP literal (no resolution needed).
     pub literal: Option<SocketAddr>,
+    /// Weight for the weighted balancer (1 to 1000).
+    pub weight: u32,
 }
 
 /// A config error with its position.

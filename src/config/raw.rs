@@ -46,6 +46,7 @@ pub(crate) struct RawAdmin {
 pub(crate) struct RawGateway {
     #[serde(default)]
     pub(crate) trusted_proxies: Vec<Spanned<String>>,
+    pub(crate) max_concurrent_requests: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -73,7 +74,16 @@ pub(crate) struct RawListener {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstream {
     pub(crate) name: Spanned<String>,
-    pub(crate) endpoints: Spanned<Vec<Spanned<String>>>,
+    pub(crate) endpoints: Spanned<Vec<Spanned<RawEndpoint>>>,
+    pub(crate) balancer: Option<Spanned<RawBalancer>>,
+    pub(crate) max_connections: Option<Spanned<i64>>,
+    pub(crate) max_pending: Option<Spanned<i64>>,
+    pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+    pub(crate) health_check: Option<Spanned<RawHealthCheck>>,
+    pub(crate) outlier: Option<Spanned<RawOutlier>>,
+    pub(crate) breaker: Option<Spanned<RawBreaker>>,
+    pub(crate) retries: Option<Spanned<RawRetries>>,
+    pub(crate) retry_budget: Option<Spanned<RawRetryBudget>>,
     pub(crate) connect_timeout: Option<Spanned<String>>,
     pub(crate) response_timeout: Option<Spanned<String>>,
     pub(crate) read_timeout: Option<Spanned<String>>,
@@ -81,11 +91,102 @@ pub(crate) struct RawUpstream {
     pub(crate) pool_idle_timeout: Option<Spanned<String>>,
 }
 
+/// `"host:port"` or `{ address = "host:port", weight = 2 }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawEndpoint {
+    Plain(String),
+    Table(RawEndpointTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEndpointTable {
+    pub(crate) address: String,
+    pub(crate) weight: Option<i64>,
+}
+
+/// `"round_robin"` or `{ type = "cookie_hash", cookie = "SID" }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawBalancer {
+    Name(String),
+    Table(RawBalancerTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBalancerTable {
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) cookie: Option<String>,
+    pub(crate) header: Option<String>,
+    pub(crate) client_ip: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub(crate) max_rps: Spanned<i64>,
+    pub(crate) burst: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) expect_status: Option<Spanned<i64>>,
+    pub(crate) interval: Option<Spanned<String>>,
+    pub(crate) timeout: Option<Spanned<String>>,
+    pub(crate) healthy_threshold: Option<Spanned<i64>>,
+    pub(crate) unhealthy_threshold: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOutlier {
+    pub(crate) consecutive_failures: Option<Spanned<i64>>,
+    pub(crate) base_ejection: Option<Spanned<String>>,
+    pub(crate) max_ejection: Option<Spanned<String>>,
+    pub(crate) max_ejection_percent: Option<Spanned<i64>>,
+    pub(crate) on_5xx: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBreaker {
+    pub(crate) failure_threshold: Option<Spanned<i64>>,
+    pub(crate) open_duration: Option<Spanned<String>>,
+    pub(crate) half_open_max: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRetries {
+    pub(crate) attempts: Option<Spanned<i64>>,
+    pub(crate) per_try_timeout: Option<Spanned<String>>,
+    pub(crate) backoff_base: Option<Spanned<String>>,
+    pub(crate) backoff_max: Option<Spanned<String>>,
+    pub(crate) retry_on: Option<Vec<Spanned<String>>>,
+    pub(crate) retry_post: Option<bool>,
+    pub(crate) buffer_max_bytes: Option<Spanned<i64>>,
+    pub(crate) total_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRetryBudget {
+    pub(crate) percent: Option<Spanned<i64>>,
+    pub(crate) min_per_second: Option<Spanned<i64>>,
+    pub(crate) max_concurrent: Option<Spanned<i64>>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRoute {
     pub(crate) name: Option<Spanned<String>>,
     pub(crate) priority: Option<Spanned<i64>>,
+    pub(crate) priority_class: Option<Spanned<i64>>,
     pub(crate) host: Option<Spanned<String>>,
     pub(crate) path: Option<Spanned<String>>,
     pub(crate) path_template: Option<Spanned<String>>,

@@ -10,11 +10,14 @@ use ipnet::IpNet;
 use toml::Spanned;
 
 use super::raw::{
-    RawConfig, RawRedirect, RawRespond, RawRoute, RawUpstream, RawValueMatch, RawWorkers,
+    RawBalancer, RawConfig, RawEndpoint, RawHealthCheck, RawRedirect, RawRespond, RawRetries,
+    RawRoute, RawUpstream, RawValueMatch, RawWorkers,
 };
 use super::{
-    AdminConfig, ConfigError, CpuPinning, EndpointSpec, GatewayConfig, Generation, HttpConfig,
-    ListenerConfig, UpstreamConfig, Workers,
+    AdminConfig, BalancerConfig, BreakerConfig, ConfigError, CpuPinning, EndpointSpec,
+    GatewayConfig, Generation, HashKey, HealthCheckConfig, HttpConfig, ListenerConfig,
+    OutlierConfig, RateLimitConfig, RetryBudgetConfig, RetryOn, RetryPolicy, UpstreamConfig,
+    Workers,
 };
 use crate::http1::head::valid_host;
 use crate::http1::{is_tchar, HeadLimits, HeaderKind, MAX_HEADERS_HARD_LIMIT};
@@ -248,6 +251,22 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
     for (i, r) in raw.routes.iter().enumerate() {
         routes.push(compile_route(&ctx, i, r.get_ref(), r.span(), &upstreams)?);
     }
+    let max_concurrent_requests = ctx.int(
+        &raw.gateway.max_concurrent_requests,
+        0,
+        0..10_000_000,
+        "gateway.max_concurrent_requests",
+    )? as u32;
+    // A tenth of the cap (at least one slot) is kept for high-priority routes, when any.
+    let high_priority_reserve = if max_concurrent_requests > 0
+        && routes
+            .iter()
+            .any(|r| r.priority_class >= super::HIGH_PRIORITY_CLASS)
+    {
+        (max_concurrent_requests / 10).max(1)
+    } else {
+        0
+    };
     let routes = RouteTable::new(routes)
         .map_err(|e| ctx.error(0..0, format!("cannot compile the route regexes: {e}")))?;
 
@@ -257,7 +276,11 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         cpus,
         shutdown_timeout,
         log_level,
-        gateway: GatewayConfig { trusted_proxies },
+        gateway: GatewayConfig {
+            trusted_proxies,
+            max_concurrent_requests,
+            high_priority_reserve,
+        },
         admin,
         http,
         listeners,
@@ -337,17 +360,263 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
     }
     let mut endpoints = Vec::new();
     for e in u.endpoints.get_ref() {
-        let spec = parse_endpoint(e.get_ref().trim()).map_err(|why| ctx.error(e.span(), why))?;
+        let (text, weight) = match e.get_ref() {
+            RawEndpoint::Plain(t) => (t.as_str(), 1),
+            RawEndpoint::Table(t) => {
+                let w = t.weight.unwrap_or(1);
+                if !(1..=1000).contains(&w) {
+                    return Err(ctx.error(e.span(), "endpoint weight must be from 1 to 1000"));
+                }
+                (t.address.as_str(), w as u32)
+            }
+        };
+        let mut spec = parse_endpoint(text.trim()).map_err(|why| ctx.error(e.span(), why))?;
+        spec.weight = weight;
         endpoints.push(spec);
     }
+    let response_timeout = ctx.duration(&u.response_timeout, Duration::from_secs(15))?;
     Ok(UpstreamConfig {
         name,
         endpoints,
+        balancer: compile_balancer(ctx, &u.balancer)?,
+        max_connections: ctx.int(&u.max_connections, 0, 0..1_000_000, "max_connections")? as u32,
+        max_pending: ctx.int(&u.max_pending, 1024, 0..1_000_000, "max_pending")? as u32,
+        rate_limit: match &u.rate_limit {
+            None => None,
+            Some(r) => {
+                let r = r.get_ref();
+                Some(RateLimitConfig {
+                    max_rps: ctx.int(
+                        &Some(r.max_rps.clone()),
+                        0,
+                        1..10_000_000,
+                        "rate_limit.max_rps",
+                    )? as u32,
+                    burst: ctx.int(&r.burst, 0, 0..10_000_000, "rate_limit.burst")? as u32,
+                })
+            }
+        },
+        health_check: match &u.health_check {
+            None => None,
+            Some(h) => Some(compile_health_check(ctx, h)?),
+        },
+        outlier: match &u.outlier {
+            None => Some(OutlierConfig::default()),
+            Some(o) => {
+                let o = o.get_ref();
+                let d = OutlierConfig::default();
+                let base = ctx.duration(&o.base_ejection, d.base_ejection)?;
+                let consecutive_failures = ctx.int(
+                    &o.consecutive_failures,
+                    u64::from(d.consecutive_failures),
+                    0..1000,
+                    "outlier.consecutive_failures",
+                )? as u32;
+                (consecutive_failures > 0).then_some(OutlierConfig {
+                    consecutive_failures,
+                    base_ejection: base,
+                    max_ejection: ctx.duration(&o.max_ejection, d.max_ejection)?.max(base),
+                    max_ejection_percent: ctx.int(
+                        &o.max_ejection_percent,
+                        u64::from(d.max_ejection_percent),
+                        0..100,
+                        "outlier.max_ejection_percent",
+                    )? as u32,
+                    on_5xx: o.on_5xx.unwrap_or(d.on_5xx),
+                })
+            }
+        },
+        breaker: match &u.breaker {
+            None => BreakerConfig::default(),
+            Some(b) => {
+                let b = b.get_ref();
+                BreakerConfig {
+                    failure_threshold: ctx.int(
+                        &b.failure_threshold,
+                        5,
+                        0..100_000,
+                        "breaker.failure_threshold",
+                    )? as u32,
+                    open_duration: ctx.duration(&b.open_duration, Duration::from_secs(30))?,
+                    half_open_max: ctx.int(
+                        &b.half_open_max,
+                        1,
+                        1..10_000,
+                        "breaker.half_open_max",
+                    )? as u32,
+                }
+            }
+        },
+        retries: match &u.retries {
+            None => RetryPolicy::default(),
+            Some(r) => compile_retries(ctx, r.get_ref())?,
+        },
+        retry_budget: match &u.retry_budget {
+            None => RetryBudgetConfig::default(),
+            Some(b) => {
+                let b = b.get_ref();
+                let d = RetryBudgetConfig::default();
+                RetryBudgetConfig {
+                    percent: ctx.int(
+                        &b.percent,
+                        d.percent as u64,
+                        0..100,
+                        "retry_budget.percent",
+                    )? as u32,
+                    min_per_second: ctx.int(
+                        &b.min_per_second,
+                        d.min_per_second as u64,
+                        0..1_000_000,
+                        "retry_budget.min_per_second",
+                    )? as u32,
+                    max_concurrent: ctx.int(
+                        &b.max_concurrent,
+                        d.max_concurrent as u64,
+                        0..1_000_000,
+                        "retry_budget.max_concurrent",
+                    )? as u32,
+                }
+            }
+        },
         connect_timeout: ctx.duration(&u.connect_timeout, Duration::from_secs(5))?,
-        response_timeout: ctx.duration(&u.response_timeout, Duration::from_secs(15))?,
+        response_timeout,
         read_timeout: ctx.duration(&u.read_timeout, Duration::from_secs(60))?,
         pool_max_idle: ctx.int(&u.pool_max_idle, 64, 0..100_000, "pool_max_idle")? as usize,
         pool_idle_timeout: ctx.duration(&u.pool_idle_timeout, Duration::from_secs(30))?,
+    })
+}
+
+fn compile_balancer(
+    ctx: &Ctx<'_>,
+    b: &Option<Spanned<RawBalancer>>,
+) -> Result<BalancerConfig, ConfigError> {
+    let Some(b) = b else {
+        return Ok(BalancerConfig::P2cEwma);
+    };
+    let bad = |why: &str| ctx.error(b.span(), why.to_string());
+    let simple = |name: &str| match name {
+        "p2c_ewma" => Some(BalancerConfig::P2cEwma),
+        "round_robin" => Some(BalancerConfig::RoundRobin),
+        "weighted" => Some(BalancerConfig::Weighted),
+        "least_conn" => Some(BalancerConfig::LeastConn),
+        "ip_hash" => Some(BalancerConfig::IpHash),
+        _ => None,
+    };
+    match b.get_ref() {
+        RawBalancer::Name(n) => simple(n).ok_or_else(|| {
+            bad("balancer must be p2c_ewma, round_robin, weighted, least_conn, ip_hash, or a table for cookie_hash / consistent_hash")
+        }),
+        RawBalancer::Table(t) => match t.kind.as_str() {
+            "cookie_hash" => match (&t.cookie, &t.header, t.client_ip) {
+                (Some(c), None, None) if !c.is_empty() => Ok(BalancerConfig::CookieHash(c.clone())),
+                _ => Err(bad("cookie_hash takes `cookie = \"name\"`")),
+            },
+            "consistent_hash" => match (&t.cookie, &t.header, t.client_ip) {
+                (Some(c), None, None) if !c.is_empty() => Ok(BalancerConfig::ConsistentHash(HashKey::Cookie(c.clone()))),
+                (None, Some(h), None) if !h.is_empty() && h.bytes().all(is_tchar) => {
+                    Ok(BalancerConfig::ConsistentHash(HashKey::Header(h.to_ascii_lowercase())))
+                }
+                (None, None, Some(true)) => Ok(BalancerConfig::ConsistentHash(HashKey::ClientIp)),
+                _ => Err(bad("consistent_hash takes one of `header = \"name\"`, `cookie = \"name\"`, `client_ip = true`")),
+            },
+            other => simple(other)
+                .filter(|_| t.cookie.is_none() && t.header.is_none() && t.client_ip.is_none())
+                .ok_or_else(|| bad("unknown balancer type, or keys it does not take")),
+        },
+    }
+}
+
+fn compile_health_check(
+    ctx: &Ctx<'_>,
+    h: &Spanned<RawHealthCheck>,
+) -> Result<HealthCheckConfig, ConfigError> {
+    let r = h.get_ref();
+    let path = match &r.path {
+        None => "/".to_string(),
+        Some(p)
+            if p.get_ref().starts_with('/')
+                && p.get_ref().bytes().all(|b| (0x21..0x7f).contains(&b)) =>
+        {
+            p.get_ref().clone()
+        }
+        Some(p) => {
+            return Err(ctx.error(
+                p.span(),
+                "health_check.path must start with '/' and contain no spaces",
+            ))
+        }
+    };
+    let expect_status = match &r.expect_status {
+        None => 0,
+        Some(s) if *s.get_ref() == 0 || (100..=599).contains(s.get_ref()) => *s.get_ref() as u16,
+        Some(s) => {
+            return Err(ctx.error(
+                s.span(),
+                "health_check.expect_status must be a status code, or 0 for any 2xx",
+            ))
+        }
+    };
+    Ok(HealthCheckConfig {
+        path,
+        expect_status,
+        interval: ctx.duration(&r.interval, Duration::from_secs(5))?,
+        timeout: ctx.duration(&r.timeout, Duration::from_secs(1))?,
+        healthy_threshold: ctx.int(
+            &r.healthy_threshold,
+            2,
+            1..1000,
+            "health_check.healthy_threshold",
+        )? as u32,
+        unhealthy_threshold: ctx.int(
+            &r.unhealthy_threshold,
+            3,
+            1..1000,
+            "health_check.unhealthy_threshold",
+        )? as u32,
+    })
+}
+
+fn compile_retries(ctx: &Ctx<'_>, r: &RawRetries) -> Result<RetryPolicy, ConfigError> {
+    let d = RetryPolicy::default();
+    let retry_on = match &r.retry_on {
+        None => d.retry_on,
+        Some(list) => {
+            let mut on = RetryOn::default();
+            for item in list {
+                match item.get_ref().as_str() {
+                    "connect_failure" => on.connect_failure = true,
+                    "reset" => on.reset = true,
+                    "5xx" => on.status_5xx = true,
+                    "gateway_error" => on.gateway_error = true,
+                    other => {
+                        return Err(ctx.error(
+                            item.span(),
+                            format!("unknown retry_on `{other}`: use connect_failure, reset, 5xx, gateway_error"),
+                        ))
+                    }
+                }
+            }
+            on
+        }
+    };
+    Ok(RetryPolicy {
+        attempts: ctx.int(&r.attempts, d.attempts as u64, 1..10, "retries.attempts")? as u32,
+        per_try_timeout: r
+            .per_try_timeout
+            .as_ref()
+            .map(|t| parse_duration(t.get_ref()).map_err(|why| ctx.error(t.span(), why)))
+            .transpose()?,
+        backoff_base: ctx.duration(&r.backoff_base, d.backoff_base)?,
+        backoff_max: ctx.duration(&r.backoff_max, d.backoff_max)?,
+        retry_on,
+        retry_post: r.retry_post.unwrap_or(false),
+        buffer_max_bytes: ctx.int(
+            &r.buffer_max_bytes,
+            0,
+            0..64 * 1024 * 1024,
+            "retries.buffer_max_bytes",
+        )? as usize,
+        total_timeout: ctx.duration(&r.total_timeout, d.total_timeout)?,
     })
 }
 
@@ -359,6 +628,7 @@ fn parse_endpoint(text: &str) -> Result<EndpointSpec, String> {
             host: addr.ip().to_string(),
             port: addr.port(),
             literal: Some(addr),
+            weight: 1,
         });
     }
     let bad = || {
@@ -385,6 +655,7 @@ fn parse_endpoint(text: &str) -> Result<EndpointSpec, String> {
         host: host.to_string(),
         port,
         literal: None,
+        weight: 1,
     })
 }
 
@@ -406,6 +677,7 @@ fn compile_route(
             .filter(|p| (-1000..=1000).contains(p))
             .ok_or_else(|| ctx.error(p.span(), "priority must be from -1000 to 1000"))?,
     };
+    let priority_class = ctx.int(&r.priority_class, 5, 0..10, "priority_class")? as u8;
     let host = match &r.host {
         None => HostMatch::Any,
         Some(h) => compile_host(h.get_ref()).map_err(|why| ctx.error(h.span(), why))?,
@@ -557,6 +829,7 @@ fn compile_route(
         name,
         index,
         priority,
+        priority_class,
         host,
         path,
         criteria,

@@ -4,6 +4,12 @@
 //! - `POST /-/reload`: reload the config file now; 200 `{"generation":N}`, or 422 with the
 //!   reason the running config was kept (the admin listener is for operators, so the reason is
 //!   given in full).
+//! - `GET /-/upstreams`: every upstream's breaker, queue and retries, and every endpoint's
+//!   health, ejection, drain, in-flight and connection counts, as JSON.
+//! - `POST /-/upstreams/{name}/endpoints/{addr}/drain` and `.../undrain`: take an endpoint out
+//!   of rotation (in-flight requests finish; it stays resolved, health-checked and pooled) or
+//!   put it back. `addr` is the resolved `ip:port` or the configured `host:port` (then every
+//!   address of that name). The drain survives reloads while the endpoint stays configured.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -14,6 +20,8 @@ use std::time::Duration;
 
 use super::Command;
 use crate::http1::{parse_request, HeadLimits, Method, RequestHead};
+use crate::shared::Shared;
+use crate::upstream::state::BreakerState;
 
 /// How long one admin exchange may take to arrive.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,7 +31,12 @@ const RELOAD_WAIT: Duration = Duration::from_secs(60);
 const MAX_HEAD: usize = 16 * 1024;
 
 /// Serves admin requests on `listener` until `stop` is set.
-pub fn serve(listener: TcpListener, commands: Sender<Command>, stop: Arc<AtomicBool>) {
+pub fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    commands: Sender<Command>,
+    stop: Arc<AtomicBool>,
+) {
     if listener.set_nonblocking(true).is_err() {
         tracing::error!("admin listener: cannot set non-blocking; admin endpoints are off");
         return;
@@ -32,7 +45,7 @@ pub fn serve(listener: TcpListener, commands: Sender<Command>, stop: Arc<AtomicB
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
-                handle(stream, &commands);
+                handle(stream, &shared, &commands);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 #[allow(clippy::disallowed_methods)] // the admin thread is not a worker
@@ -47,7 +60,7 @@ pub fn serve(listener: TcpListener, commands: Sender<Command>, stop: Arc<AtomicB
     }
 }
 
-fn handle(mut stream: TcpStream, commands: &Sender<Command>) {
+fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut buf = vec![0u8; MAX_HEAD];
@@ -95,12 +108,129 @@ fn handle(mut stream: TcpStream, commands: &Sender<Command>) {
             405,
             "{\"error\":{\"code\":\"method_not_allowed\",\"message\":\"use POST\"}}",
         ),
+        (Method::Get, b"/-/upstreams") => reply(&mut stream, 200, &upstreams_json(shared)),
+        (method, p) if p.starts_with(b"/-/upstreams/") => {
+            let (status, body) = drain_request(shared, method, &p[b"/-/upstreams/".len()..]);
+            reply(&mut stream, status, &body);
+        }
         _ => reply(
             &mut stream,
             404,
             "{\"error\":{\"code\":\"no_route\",\"message\":\"no admin endpoint here\"}}",
         ),
     }
+}
+
+/// The state of every upstream and endpoint.
+fn upstreams_json(shared: &Shared) -> String {
+    let published = shared.published.load_full();
+    let now_ms = shared.millis(std::time::Instant::now());
+    let mut out = String::from("{\"generation\":");
+    out.push_str(&published.number.to_string());
+    out.push_str(",\"upstreams\":[");
+    for (i, (cfg, st)) in published
+        .gen
+        .upstreams
+        .iter()
+        .zip(published.upstreams.iter())
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(',');
+        }
+        let (state, opened) = st.breaker.state();
+        let (state, retry_in) = match state {
+            BreakerState::Closed => ("closed", 0),
+            BreakerState::HalfOpen => ("half_open", 0),
+            BreakerState::Open => {
+                let open_ms = cfg.breaker.open_duration.as_millis() as u64;
+                ("open", (opened + open_ms).saturating_sub(now_ms))
+            }
+        };
+        out.push_str(&format!(
+            "{{\"name\":{},\"balancer\":\"{}\",\"breaker\":{{\"state\":\"{state}\",\"half_open_in_ms\":{retry_in}}},\"pending\":{},\"active_retries\":{},\"endpoints\":[",
+            json_string(&cfg.name),
+            cfg.balancer.name(),
+            st.pending.load(Ordering::Relaxed),
+            st.active_retries.load(Ordering::Relaxed),
+        ));
+        let eps = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
+        for (j, e) in eps.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            let s = &e.state;
+            let until = s.ejected_until.load(Ordering::Relaxed);
+            out.push_str(&format!(
+                "{{\"address\":\"{}\",\"authority\":{},\"weight\":{},\"healthy\":{},\"ejected\":{},\"ejected_for_ms\":{},\"ejections\":{},\"drained\":{},\"in_flight\":{},\"connections\":{}}}",
+                e.addr,
+                json_string(&e.authority),
+                e.weight,
+                s.healthy.load(Ordering::Relaxed),
+                s.ejected(now_ms),
+                until.saturating_sub(now_ms),
+                s.ejections.load(Ordering::Relaxed),
+                s.drained.load(Ordering::Relaxed),
+                s.in_flight_total(),
+                s.connections.load(Ordering::Relaxed),
+            ));
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}");
+    out
+}
+
+/// `{name}/endpoints/{addr}/drain|undrain`: the status and body of the answer.
+fn drain_request(shared: &Shared, method: Method, rest: &[u8]) -> (u16, String) {
+    let error = |code: &str, message: &str| {
+        format!(
+            "{{\"error\":{{\"code\":\"{code}\",\"message\":{}}}}}",
+            json_string(message)
+        )
+    };
+    let text = String::from_utf8_lossy(rest);
+    let parts: Vec<&str> = text.split('/').collect();
+    let [name, "endpoints", addr, action] = parts.as_slice() else {
+        return (404, error("no_route", "no admin endpoint here"));
+    };
+    let drain = match *action {
+        "drain" => true,
+        "undrain" => false,
+        _ => return (404, error("no_route", "no admin endpoint here")),
+    };
+    if method != Method::Post {
+        return (405, error("method_not_allowed", "use POST"));
+    }
+    let published = shared.published.load_full();
+    let Some(i) = published.gen.upstreams.iter().position(|u| u.name == *name) else {
+        return (
+            404,
+            error("unknown_upstream", &format!("no upstream named `{name}`")),
+        );
+    };
+    let eps = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
+    let mut changed = 0;
+    for e in eps {
+        if e.addr.to_string() == *addr || &*e.authority == *addr {
+            e.state.drained.store(drain, Ordering::Relaxed);
+            changed += 1;
+        }
+    }
+    if changed == 0 {
+        return (
+            404,
+            error(
+                "unknown_endpoint",
+                &format!("upstream `{name}` has no endpoint `{addr}`"),
+            ),
+        );
+    }
+    tracing::info!(upstream = %name, endpoint = %addr, drained = drain, "endpoint drain changed by the admin API");
+    (
+        200,
+        format!("{{\"upstream\":{},\"endpoint\":{},\"drained\":{drain},\"endpoints_changed\":{changed}}}", json_string(name), json_string(addr)),
+    )
 }
 
 fn reply(stream: &mut TcpStream, status: u16, body: &str) {

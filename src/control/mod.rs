@@ -10,6 +10,7 @@
 //! and one channel per worker (listener sockets), which workers poll on their tick.
 
 pub mod admin;
+pub mod health;
 
 use std::hash::{Hash, Hasher};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::{compile, EndpointSpec, Generation};
 use crate::net::bind_group;
-use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared};
+use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
 use crate::worker::WorkerCommand;
 
 /// How often endpoint names are resolved again.
@@ -49,7 +50,8 @@ fn resolve_spec(spec: &EndpointSpec) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// Resolves every endpoint of every upstream; fails on the first name that does not resolve.
-pub fn resolve_all(gen: &Generation) -> Result<EndpointTable, String> {
+/// Endpoint state comes from `book`.
+pub fn resolve_all(gen: &Generation, book: &StateBook<'_>) -> Result<EndpointTable, String> {
     let mut table = Vec::with_capacity(gen.upstreams.len());
     for up in &gen.upstreams {
         let mut eps = Vec::new();
@@ -58,7 +60,9 @@ pub fn resolve_all(gen: &Generation) -> Result<EndpointTable, String> {
             for addr in resolve_spec(spec).map_err(|e| format!("upstream `{}`: {e}", up.name))? {
                 eps.push(ResolvedEndpoint {
                     addr,
+                    state: book.endpoint(&up.name, addr, &authority),
                     authority: authority.clone(),
+                    weight: spec.weight,
                 });
             }
         }
@@ -68,7 +72,7 @@ pub fn resolve_all(gen: &Generation) -> Result<EndpointTable, String> {
 }
 
 /// Re-resolves names, keeping the previous addresses of a spec whose lookup fails.
-fn refresh(gen: &Generation, previous: &EndpointTable) -> EndpointTable {
+fn refresh(gen: &Generation, previous: &EndpointTable, book: &StateBook<'_>) -> EndpointTable {
     let mut table = Vec::with_capacity(gen.upstreams.len());
     for (i, up) in gen.upstreams.iter().enumerate() {
         let mut eps = Vec::new();
@@ -77,7 +81,9 @@ fn refresh(gen: &Generation, previous: &EndpointTable) -> EndpointTable {
             match resolve_spec(spec) {
                 Ok(addrs) => eps.extend(addrs.into_iter().map(|addr| ResolvedEndpoint {
                     addr,
+                    state: book.endpoint(&up.name, addr, &authority),
                     authority: authority.clone(),
+                    weight: spec.weight,
                 })),
                 Err(e) => {
                     tracing::warn!(upstream = %up.name, error = %e, "DNS refresh failed; keeping the last answer");
@@ -195,8 +201,9 @@ impl Control {
         self.file_hash = Some(hash_text(&text));
         self.file_stamp = stamp(&path);
         let gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
-        let endpoints = resolve_all(&gen).map_err(|e| format!("{}: {e}", path.display()))?;
         let current = self.shared.published.load_full();
+        let book = StateBook::new(Some(&current), self.shared.workers);
+        let endpoints = resolve_all(&gen, &book).map_err(|e| format!("{}: {e}", path.display()))?;
         let old = &current.gen;
 
         // What a reload cannot change: keep running with it, say so.
@@ -247,11 +254,8 @@ impl Control {
             .collect();
 
         let number = current.number + 1;
-        self.shared.publish(Published {
-            number,
-            gen: Arc::new(gen),
-            endpoints: Arc::new(endpoints),
-        });
+        self.shared
+            .publish(Published::new(number, Arc::new(gen), endpoints, &book));
         for group in added {
             tracing::info!(listener = %group.addr, "listener added");
             for (tx, socket) in self.workers.iter().zip(group.sockets) {
@@ -289,14 +293,16 @@ impl Control {
     /// answers changed.
     fn refresh_dns(&self) {
         let current = self.shared.published.load_full();
-        let table = refresh(&current.gen, &current.endpoints);
+        let book = StateBook::new(Some(&current), self.shared.workers);
+        let table = refresh(&current.gen, &current.endpoints, &book);
         if *current.endpoints != table {
             tracing::info!("upstream endpoints changed after DNS refresh");
-            self.shared.publish(Published {
-                number: current.number,
-                gen: current.gen.clone(),
-                endpoints: Arc::new(table),
-            });
+            self.shared.publish(Published::new(
+                current.number,
+                current.gen.clone(),
+                table,
+                &book,
+            ));
         }
     }
 }
@@ -352,12 +358,19 @@ mod tests {
             "t",
         )
         .unwrap();
-        let table = resolve_all(&gen).unwrap();
+        let book = StateBook::new(None, 1);
+        let table = resolve_all(&gen, &book).unwrap();
         assert!(table[0].len() >= 2);
         assert_eq!(table[0][0].addr, "127.0.0.1:9".parse().unwrap());
         assert!(table[0].iter().any(|e| &*e.authority == "localhost:80"));
-        let again = refresh(&gen, &table);
+        let again = refresh(&gen, &table, &book);
         assert_eq!(again, table);
+        // State is kept by address across a refresh.
+        let published = Published::new(1, Arc::new(gen.clone()), table.clone(), &book);
+        let book2 = StateBook::new(Some(&published), 1);
+        let third = refresh(&gen, &table, &book2);
+        assert!(Arc::ptr_eq(&third[0][0].state, &table[0][0].state));
+        assert!(Arc::ptr_eq(&book2.upstream("a"), &published.upstreams[0]));
     }
 
     #[test]
@@ -367,13 +380,18 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert!(resolve_all(&gen)
+        let book = StateBook::new(None, 1);
+        assert!(resolve_all(&gen, &book)
             .unwrap_err()
             .contains("no-such-host.invalid"));
+        let authority: Arc<str> = Arc::from("no-such-host.invalid:80");
+        let addr = "10.0.0.1:80".parse().unwrap();
         let previous = vec![vec![ResolvedEndpoint {
-            addr: "10.0.0.1:80".parse().unwrap(),
-            authority: Arc::from("no-such-host.invalid:80"),
+            addr,
+            state: book.endpoint("a", addr, &authority),
+            authority,
+            weight: 1,
         }]];
-        assert_eq!(refresh(&gen, &previous), previous);
+        assert_eq!(refresh(&gen, &previous, &book), previous);
     }
 }

@@ -9,6 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
+use crate::shared::Published;
+use crate::upstream::state::{
+    BreakerState, EndpointState, FailureClass, UpstreamState, UpstreamStats,
+};
+
 /// One worker's counters.
 #[derive(Debug, Default)]
 pub struct WorkerMetrics {
@@ -18,14 +23,6 @@ pub struct WorkerMetrics {
     pub connections_accepted: AtomicU64,
     /// Client connections closed.
     pub connections_closed: AtomicU64,
-    /// TCP connections opened to upstreams.
-    pub upstream_connects: AtomicU64,
-    /// Failed attempts to connect to upstreams (refused, timed out).
-    pub upstream_connect_errors: AtomicU64,
-    /// Requests sent on a pooled (reused) upstream connection.
-    pub pool_hits: AtomicU64,
-    /// Requests that needed a new upstream connection.
-    pub pool_misses: AtomicU64,
     /// Bytes read from clients.
     pub bytes_in: AtomicU64,
     /// Bytes written to clients.
@@ -34,6 +31,8 @@ pub struct WorkerMetrics {
     pub requests_previous_generation: AtomicU64,
     /// The config generation this worker has installed.
     pub generation: AtomicU64,
+    /// Requests refused by the gateway concurrency cap, by route priority class (0 to 10).
+    pub shed: [AtomicU64; 11],
 }
 
 /// Adds `n` to a single-writer counter.
@@ -163,30 +162,6 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
     );
     counter(
         out,
-        "ringway_upstream_connects_total",
-        "TCP connections opened to upstreams.",
-        sum(shards, |s| &s.upstream_connects),
-    );
-    counter(
-        out,
-        "ringway_upstream_connect_errors_total",
-        "Failed connection attempts to upstreams.",
-        sum(shards, |s| &s.upstream_connect_errors),
-    );
-    counter(
-        out,
-        "ringway_upstream_pool_hits_total",
-        "Upstream requests sent on a reused pooled connection.",
-        sum(shards, |s| &s.pool_hits),
-    );
-    counter(
-        out,
-        "ringway_upstream_pool_misses_total",
-        "Upstream requests that needed a new connection.",
-        sum(shards, |s| &s.pool_misses),
-    );
-    counter(
-        out,
         "ringway_client_bytes_received_total",
         "Bytes read from clients.",
         sum(shards, |s| &s.bytes_in),
@@ -197,6 +172,246 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "Bytes written to clients.",
         sum(shards, |s| &s.bytes_out),
     );
+}
+
+/// Renders the gateway cap and every upstream's and endpoint's series from the generation in
+/// force (`published`) and the cap's counter (`admission_in_flight`).
+pub fn render_upstreams(
+    shards: &[CachePadded<WorkerMetrics>],
+    published: &Published,
+    admission_in_flight: u32,
+    now_ms: u64,
+    out: &mut String,
+) {
+    gauge(
+        out,
+        "ringway_gateway_requests_in_flight",
+        "Proxied requests holding a slot of the gateway concurrency cap.",
+        u64::from(admission_in_flight),
+    );
+    gauge(
+        out,
+        "ringway_gateway_max_concurrent_requests",
+        "The gateway concurrency cap (0: none).",
+        u64::from(published.gen.gateway.max_concurrent_requests),
+    );
+    help(
+        out,
+        "ringway_gateway_shed_total",
+        "counter",
+        "Requests refused by the gateway concurrency cap, by route priority class.",
+    );
+    for class in 0..11 {
+        let n = sum(shards, |s| &s.shed[class]);
+        let _ = writeln!(
+            out,
+            "ringway_gateway_shed_total{{priority_class=\"{class}\"}} {n}"
+        );
+    }
+
+    type Field = fn(&UpstreamStats) -> &AtomicU64;
+    let counters: [(&str, &str, Field); 8] = [
+        ("ringway_upstream_requests_total", "Requests forwarded to the upstream (retries not included).", |s| &s.requests),
+        ("ringway_upstream_retries_total", "Retries sent.", |s| &s.retries),
+        ("ringway_upstream_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", |s| &s.budget_exhausted),
+        ("ringway_upstream_circuit_open_total", "Requests refused because the circuit breaker was open.", |s| &s.circuit_open),
+        ("ringway_upstream_saturated_total", "Requests refused because every endpoint was at its connection limit and the queue was full or the wait ran out.", |s| &s.saturated),
+        ("ringway_upstream_ejections_total", "Endpoints ejected by passive health.", |s| &s.ejections),
+        ("ringway_upstream_pool_hits_total", "Attempts sent on a reused pooled connection.", |s| &s.pool_hits),
+        ("ringway_upstream_pool_misses_total", "Attempts that opened a new connection.", |s| &s.pool_misses),
+    ];
+    let ups: Vec<(String, &UpstreamState)> = published
+        .gen
+        .upstreams
+        .iter()
+        .zip(published.upstreams.iter())
+        .map(|(cfg, st)| (label(&cfg.name), &**st))
+        .collect();
+    let total = |st: &UpstreamState, f: Field| -> u64 {
+        st.stats
+            .iter()
+            .map(|s| f(s).load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    };
+    for (name, text, f) in counters {
+        help(out, name, "counter", text);
+        for (up, st) in &ups {
+            let _ = writeln!(out, "{name}{{upstream=\"{up}\"}} {}", total(st, f));
+        }
+    }
+    help(
+        out,
+        "ringway_upstream_pool_reuse_ratio",
+        "gauge",
+        "Share of attempts served on a pooled connection.",
+    );
+    for (up, st) in &ups {
+        let (hits, misses) = (total(st, |s| &s.pool_hits), total(st, |s| &s.pool_misses));
+        let ratio = if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        };
+        let _ = writeln!(
+            out,
+            "ringway_upstream_pool_reuse_ratio{{upstream=\"{up}\"}} {ratio:.4}"
+        );
+    }
+    help(
+        out,
+        "ringway_upstream_failures_total",
+        "counter",
+        "Failed attempts, by class.",
+    );
+    for (up, st) in &ups {
+        for class in FailureClass::ALL {
+            let n: u64 = st
+                .stats
+                .iter()
+                .map(|s| s.failures[class as usize].load(Ordering::Relaxed))
+                .sum();
+            let _ = writeln!(
+                out,
+                "ringway_upstream_failures_total{{upstream=\"{up}\",class=\"{}\"}} {n}",
+                class.label()
+            );
+        }
+    }
+    help(
+        out,
+        "ringway_upstream_breaker_state",
+        "gauge",
+        "Circuit breaker state: 0 closed, 1 open, 2 half-open.",
+    );
+    for (up, st) in &ups {
+        let v = match st.breaker.state().0 {
+            BreakerState::Closed => 0,
+            BreakerState::Open => 1,
+            BreakerState::HalfOpen => 2,
+        };
+        let _ = writeln!(
+            out,
+            "ringway_upstream_breaker_state{{upstream=\"{up}\"}} {v}"
+        );
+    }
+    help(out, "ringway_upstream_latency_microseconds", "summary", "Time from sending an attempt to its response head, merged across workers (published about once a second).");
+    for (up, st) in &ups {
+        let h = st.merged_latency();
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let _ = writeln!(
+                out,
+                "ringway_upstream_latency_microseconds{{upstream=\"{up}\",quantile=\"{q}\"}} {}",
+                h.value_at_quantile(q)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "ringway_upstream_latency_microseconds_sum{{upstream=\"{up}\"}} {:.0}",
+            h.mean() * h.len() as f64
+        );
+        let _ = writeln!(
+            out,
+            "ringway_upstream_latency_microseconds_count{{upstream=\"{up}\"}} {}",
+            h.len()
+        );
+    }
+
+    // Endpoints.
+    let eps: Vec<(&String, String, &EndpointState)> = ups
+        .iter()
+        .zip(published.endpoints.iter())
+        .flat_map(|((up, _), list)| {
+            list.iter()
+                .map(move |e| (up, label(&e.addr.to_string()), &*e.state))
+        })
+        .collect();
+    help(
+        out,
+        "ringway_endpoint_requests_total",
+        "counter",
+        "Attempts sent to the endpoint.",
+    );
+    for (up, ep, st) in &eps {
+        let n: u64 = st
+            .stats
+            .iter()
+            .map(|s| s.requests.load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "ringway_endpoint_requests_total{{upstream=\"{up}\",endpoint=\"{ep}\"}} {n}"
+        );
+    }
+    help(
+        out,
+        "ringway_endpoint_failures_total",
+        "counter",
+        "Failed attempts on the endpoint, by class.",
+    );
+    for (up, ep, st) in &eps {
+        for class in FailureClass::ALL {
+            let n: u64 = st
+                .stats
+                .iter()
+                .map(|s| s.failures[class as usize].load(Ordering::Relaxed))
+                .sum();
+            let _ = writeln!(out, "ringway_endpoint_failures_total{{upstream=\"{up}\",endpoint=\"{ep}\",class=\"{}\"}} {n}", class.label());
+        }
+    }
+    type Gauge = fn(&EndpointState, u64) -> u64;
+    let gauges: [(&str, &str, Gauge); 6] = [
+        (
+            "ringway_endpoint_in_flight",
+            "Attempts in flight on the endpoint.",
+            |st, _| st.in_flight_total(),
+        ),
+        (
+            "ringway_endpoint_connections",
+            "Open connections to the endpoint (pooled ones included).",
+            |st, _| u64::from(st.connections.load(Ordering::Relaxed)),
+        ),
+        (
+            "ringway_endpoint_healthy",
+            "Active health: 1 healthy, 0 unhealthy.",
+            |st, _| u64::from(st.healthy.load(Ordering::Relaxed)),
+        ),
+        (
+            "ringway_endpoint_ejected",
+            "Passive health: 1 while ejected.",
+            |st, now| u64::from(st.ejected(now)),
+        ),
+        (
+            "ringway_endpoint_ejections",
+            "Times the endpoint was ejected.",
+            |st, _| u64::from(st.ejections.load(Ordering::Relaxed)),
+        ),
+        (
+            "ringway_endpoint_drained",
+            "1 while drained by an operator.",
+            |st, _| u64::from(st.drained.load(Ordering::Relaxed)),
+        ),
+    ];
+    for (name, text, f) in gauges {
+        help(out, name, "gauge", text);
+        for (up, ep, st) in &eps {
+            let _ = writeln!(
+                out,
+                "{name}{{upstream=\"{up}\",endpoint=\"{ep}\"}} {}",
+                f(st, now_ms)
+            );
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn help(out: &mut String, name: &str, kind: &str, text: &str) {
+    let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: u64) {

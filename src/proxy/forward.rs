@@ -17,9 +17,11 @@
 //! idempotent (RFC 9110 §9.2.2).
 
 use std::io as stdio;
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
@@ -27,6 +29,7 @@ use monoio::net::TcpStream;
 use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Either};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
+use crate::config::{BalancerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
@@ -36,8 +39,15 @@ use crate::http1::{
     MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
+use crate::route::criteria::{parse_cookies, HeaderLookup};
 use crate::route::{rewrite_path, Params, ProxyAction, Route};
-use crate::upstream::{AcquireError, UpConn};
+use crate::shared::Admission;
+use crate::upstream::balancer::hash_key;
+use crate::upstream::state::Breaker;
+use crate::upstream::{
+    Admit, ConnectError, EndpointRt, FailureClass, InFlight, PickError, Tried, UpConn, UpstreamRt,
+    UpstreamState,
+};
 use crate::worker::{CoreGen, Worker};
 
 /// Interim (1xx) responses skipped before the final one; more is an invalid upstream.
@@ -60,6 +70,255 @@ enum Relay {
     UntilClose,
 }
 
+/// How the request body reaches the upstream.
+enum BodyPlan {
+    /// No body.
+    None,
+    /// Read whole before the first attempt (a Content-Length body within
+    /// `retries.buffer_max_bytes`): replayed on retries.
+    Buffered(Vec<u8>),
+    /// Streamed from the client during the first attempt; once any of it left, no retry.
+    Streamed,
+}
+
+/// Progress of a streamed body.
+#[derive(Default)]
+struct BodyState {
+    /// Bytes of it may have reached an upstream.
+    touched: bool,
+    /// All of it was read from the client (and sent).
+    done: bool,
+}
+
+/// A proxied request's slot of the gateway cap, returned when dropped (on every path).
+struct Permit<'a>(&'a Admission);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// A request waiting for a connection (`max_pending`), counted until dropped.
+struct Pending<'a>(&'a UpstreamState);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A retry in progress (the concurrent part of the retry budget), ended when dropped.
+struct RetrySlot<'a>(&'a UpstreamState);
+
+impl Drop for RetrySlot<'_> {
+    fn drop(&mut self) {
+        self.0.retry_done();
+    }
+}
+
+/// The breaker's word on one attempt; a half-open probe permit goes back when the attempt
+/// ends without an outcome (a local rejection, the client leaving).
+struct Ticket<'a> {
+    breaker: &'a Breaker,
+    admit: Admit,
+    recorded: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.recorded && self.admit == Admit::Probe {
+            self.breaker.release_probe();
+        }
+    }
+}
+
+/// Takes a slot of the gateway cap for a route of `class`; `Ok(None)` when there is no cap.
+fn admit<'a>(
+    w: &'a Worker,
+    gen: &crate::config::Generation,
+    class: u8,
+) -> Result<Option<Permit<'a>>, ()> {
+    let cap = gen.gateway.max_concurrent_requests;
+    if cap == 0 {
+        return Ok(None);
+    }
+    let limit = if class >= HIGH_PRIORITY_CLASS {
+        cap
+    } else {
+        cap - gen.gateway.high_priority_reserve.min(cap)
+    };
+    if w.shared.admission.try_acquire(limit) {
+        Ok(Some(Permit(&w.shared.admission)))
+    } else {
+        add(&w.metrics().shed[usize::from(class.min(10))], 1);
+        Err(())
+    }
+}
+
+/// The hash key of the request for hash balancers.
+fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u64> {
+    let src = conn.rbuf.as_ref()?.data();
+    let view = super::HeadView {
+        head: &conn.head,
+        src,
+    };
+    let value = match kind {
+        BalancerConfig::IpHash | BalancerConfig::ConsistentHash(HashKey::ClientIp) => {
+            return Some(match conn.peer_ip {
+                std::net::IpAddr::V4(ip) => hash_key(&ip.octets()),
+                std::net::IpAddr::V6(ip) => hash_key(&ip.octets()),
+            })
+        }
+        BalancerConfig::CookieHash(name)
+        | BalancerConfig::ConsistentHash(HashKey::Cookie(name)) => view
+            .values(b"cookie")
+            .flat_map(parse_cookies)
+            .find(|(n, _)| *n == name.as_bytes())
+            .map(|(_, v)| v),
+        BalancerConfig::ConsistentHash(HashKey::Header(name)) => {
+            view.values(name.as_bytes()).next()
+        }
+        _ => None,
+    };
+    value.map(hash_key)
+}
+
+/// Which failures of an attempt a retry is allowed for, by the upstream's `retry_on`.
+fn retry_wanted(on: &crate::config::RetryOn, class: FailureClass, status: u16) -> bool {
+    match class {
+        FailureClass::Connect => on.connect_failure,
+        FailureClass::Reset => on.reset,
+        FailureClass::Timeout | FailureClass::Invalid => on.status_5xx || on.gateway_error,
+        FailureClass::Status5xx => {
+            on.status_5xx || (on.gateway_error && (502..=504).contains(&status))
+        }
+        FailureClass::MidBody => false,
+    }
+}
+
+/// The failure class of an error that ended an attempt before a response head.
+fn failure_class(kind: ErrorKind) -> FailureClass {
+    match kind {
+        ErrorKind::UpstreamConnect | ErrorKind::UpstreamConnectTimeout => FailureClass::Connect,
+        ErrorKind::UpstreamTimeout => FailureClass::Timeout,
+        ErrorKind::UpstreamInvalid => FailureClass::Invalid,
+        _ => FailureClass::Reset,
+    }
+}
+
+/// Feeds an attempt's outcome to the metrics, passive health and the breaker.
+fn record(
+    w: &Worker,
+    up: &UpstreamRt,
+    ep: &EndpointRt,
+    mut ticket: Ticket<'_>,
+    outcome: Result<(), FailureClass>,
+) {
+    let now_ms = w.now_ms();
+    if let Err(class) = outcome {
+        up.shared.stats(w.id).failure(class);
+        ep.state.stats(w.id).failure(class);
+    }
+    if let Some(o) = &up.cfg.outlier {
+        match outcome {
+            Ok(()) => ep.state.record_success(),
+            Err(class) if class != FailureClass::Status5xx || o.on_5xx => {
+                if ep
+                    .state
+                    .record_failure(o, now_ms, || up.may_eject(o.max_ejection_percent, now_ms))
+                {
+                    add(&up.shared.stats(w.id).ejections, 1);
+                    tracing::warn!(
+                        upstream = %up.cfg.name,
+                        endpoint = %ep.addr(),
+                        failure = class.label(),
+                        "endpoint ejected after consecutive failures"
+                    );
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    ticket.recorded = true;
+    up.shared
+        .breaker
+        .record(&up.cfg.breaker, ticket.admit, outcome.is_ok(), now_ms);
+}
+
+/// Why no connection was had for an attempt.
+enum AcquireFail {
+    /// No endpoint in rotation.
+    NoEndpoints,
+    /// All busy and the queue full, or the wait ran out.
+    Saturated,
+    /// Connecting to the picked endpoint failed.
+    Connect(InFlight, Error),
+}
+
+/// Picks an endpoint and gets a connection to it; waits (as one of `max_pending`) while
+/// every endpoint is at its connection limit.
+async fn acquire(
+    w: &Worker,
+    up: &UpstreamRt,
+    key: Option<u64>,
+    tried: &mut Tried,
+) -> Result<(InFlight, UpConn), AcquireFail> {
+    let mut pending: Option<(Pending<'_>, Instant)> = None;
+    loop {
+        match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
+            Ok(ep) => {
+                let inflight = ep.begin(w.id);
+                match up.connect(&ep, false, w.now()).await {
+                    Ok(c) => {
+                        tried.add(&ep);
+                        return Ok((inflight, c));
+                    }
+                    Err(ConnectError::Busy) => {} // taken by another worker meanwhile
+                    Err(ConnectError::Failed(e)) => {
+                        tried.add(&ep);
+                        let err = Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
+                            .with_cause(format!("connect to {}: {e}", ep.addr()));
+                        return Err(AcquireFail::Connect(inflight, err));
+                    }
+                    Err(ConnectError::TimedOut) => {
+                        tried.add(&ep);
+                        let err = Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
+                            .with_cause(format!("connect to {} timed out", ep.addr()));
+                        return Err(AcquireFail::Connect(inflight, err));
+                    }
+                }
+            }
+            Err(PickError::NoEndpoints) => return Err(AcquireFail::NoEndpoints),
+            Err(PickError::Busy) => {}
+        }
+        // Every endpoint is at its limit: queue, within max_pending, up to connect_timeout.
+        match &pending {
+            None => {
+                let max = up.cfg.max_pending;
+                let queued = up
+                    .shared
+                    .pending
+                    .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                        (n < max).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !queued {
+                    return Err(AcquireFail::Saturated);
+                }
+                pending = Some((Pending(&up.shared), w.now() + up.cfg.connect_timeout));
+            }
+            Some((_, until)) if w.now() >= *until => return Err(AcquireFail::Saturated),
+            Some(_) => {}
+        }
+        // Connections free up on any worker; look again shortly.
+        monoio::time::sleep(PENDING_POLL).await;
+    }
+}
+
+/// How often a request waiting for a connection looks again.
+const PENDING_POLL: Duration = Duration::from_millis(2);
+
 /// Forwards the request in `conn` to upstream `upstream`; returns whether the client
 /// connection may serve another request.
 pub(super) async fn proxy(
@@ -72,10 +331,7 @@ pub(super) async fn proxy(
     params: Params,
 ) -> bool {
     let gen = &cg.gen;
-    let (Some(up_cfg), Some(up)) = (
-        gen.upstreams.get(action.upstream),
-        cg.upstreams.get(action.upstream),
-    ) else {
+    let Some(up) = cg.upstreams.get(action.upstream) else {
         // invariant: validate.rs only compiles routes naming existing upstreams.
         return fail(
             w,
@@ -92,8 +348,9 @@ pub(super) async fn proxy(
         .limits
         .max_body_bytes
         .or(gen.http.max_request_body_bytes);
-    let response_timeout = action.response_timeout.unwrap_or(up_cfg.response_timeout);
-    let read_timeout = action.read_timeout.unwrap_or(up_cfg.read_timeout);
+    let response_timeout = action.response_timeout.unwrap_or(up.cfg.response_timeout);
+    let read_timeout = action.read_timeout.unwrap_or(up.cfg.read_timeout);
+    let has_body = info.framing.has_body();
 
     if let (Some(max), BodyFraming::Length(n)) = (max_body, info.framing) {
         if n > max {
@@ -110,153 +367,236 @@ pub(super) async fn proxy(
         }
     }
 
-    let has_body = info.framing.has_body();
-    let replayable = !has_body && info.method.is_idempotent();
-    let mut force_new = false;
-    let mut attempt = 0u32;
-    let mut body_sent = !has_body;
-    let (mut upc, ubuf) = loop {
-        let mut upc = match up.acquire(force_new, w.now(), w.metrics()).await {
-            Ok(c) => c,
-            Err(e) => {
-                conn.consume_head(head_len);
-                let err = match e {
-                    AcquireError::NoEndpoints => {
-                        Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
-                            .with_cause("no endpoint resolved")
-                    }
-                    AcquireError::Failed(addr, io) => {
-                        Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
-                            .with_cause(format!("connect to {addr}: {io}"))
-                    }
-                    AcquireError::TimedOut(addr) => {
-                        Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
-                            .with_cause(format!("connect to {addr} timed out"))
-                    }
-                };
-                log_upstream(info, &up_cfg.name, None, &err);
-                return fail(w, cg, conn, info, err, has_body).await;
-            }
-        };
+    // Admission: after the route, before the upstream pick.
+    let Ok(_permit) = admit(w, gen, route.priority_class) else {
+        conn.consume_head(head_len);
+        return fail(
+            w,
+            cg,
+            conn,
+            info,
+            Error::new(ErrorKind::GatewaySaturated, Side::Internal),
+            has_body,
+        )
+        .await;
+    };
+    up.count_request();
+    let stats = up.shared.stats(w.id);
+    let policy = &up.cfg.retries;
+    let method_retryable = match info.method {
+        Method::Post => policy.retry_post,
+        m => m.is_idempotent(),
+    };
+    let total_deadline = w.now() + policy.total_timeout;
+    let try_timeout = policy.per_try_timeout.unwrap_or(response_timeout);
+    let key = if up.needs_key() {
+        request_key(&up.cfg.balancer, conn)
+    } else {
+        None
+    };
 
-        let mut ubuf = w.pool.take();
-        if encode_request(cg, conn, info, &upc, route, action, &params, &mut ubuf).is_err() {
-            conn.consume_head(head_len);
-            return fail(
-                w,
-                cg,
-                conn,
-                info,
-                Error::new(ErrorKind::HeadTooLarge, Side::Downstream),
-                true,
-            )
-            .await;
-        }
-        if has_body {
-            // No retry for requests with a body: the head leaves the buffer now, and a small
-            // body that is already here rides along in the same write.
-            conn.consume_head(head_len);
-            if let (BodyFraming::Length(n), Some(rbuf)) = (info.framing, conn.rbuf.as_mut()) {
-                let n = n as usize;
-                if rbuf.len() >= n && ubuf.spare() >= n {
-                    let _ = ubuf.put(&rbuf.data()[..n]);
-                    rbuf.consume(n);
-                    body_sent = true;
-                }
-            }
-        }
-
-        let deadline = w.now() + gen.http.send_timeout;
-        let (res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
-        let mut ubuf = buf;
-        if let Err(e) = res {
-            let err = Error::upstream_io(e);
-            if attempt == 0 && replayable && err.kind().retryable(upc.is_reused()) {
-                tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; retrying on a new one");
-                attempt += 1;
-                force_new = true;
-                continue;
-            }
-            conn.consume_head(head_len);
-            log_upstream(info, &up_cfg.name, Some(&upc), &err);
-            return fail(w, cg, conn, info, err, !body_sent).await;
-        }
-        ubuf.clear();
-
-        let response_deadline = || w.now() + response_timeout;
-        let result = if body_sent {
-            read_response_head(
-                w,
-                &mut upc.read,
-                ubuf,
-                &mut conn.resp,
-                info.method,
-                Some(response_deadline()),
-            )
-            .await
-        } else {
-            let outcome = send_body_and_read_head(
-                w,
-                cg,
-                conn,
-                info,
-                &mut upc,
-                ubuf,
-                response_timeout,
-                max_body,
-            )
-            .await;
-            match outcome {
-                BodyOutcome::Sent(result) => {
-                    body_sent = true;
-                    result
-                }
-                BodyOutcome::Interrupted(result) => result,
-                BodyOutcome::ClientFailed(err) => {
-                    return fail(w, cg, conn, info, err, true).await;
-                }
-            }
-        };
-        match result {
-            Ok(ubuf) => {
-                if !has_body {
+    let body = match info.framing {
+        f if !f.has_body() => BodyPlan::None,
+        BodyFraming::Length(n)
+            if method_retryable && policy.attempts > 1 && n <= policy.buffer_max_bytes as u64 =>
+        {
+            match collect_body(w, cg, conn, info, head_len, n as usize).await {
+                Ok(b) => BodyPlan::Buffered(b),
+                Err(e) => {
                     conn.consume_head(head_len);
+                    return fail(w, cg, conn, info, e, true).await;
                 }
-                break (upc, ubuf);
             }
-            Err(HeadError { error, got_bytes }) => {
-                if attempt == 0
-                    && replayable
-                    && !got_bytes
-                    && error.kind().retryable(upc.is_reused())
-                {
-                    tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; retrying on a new one");
-                    attempt += 1;
-                    force_new = true;
+        }
+        _ => BodyPlan::Streamed,
+    };
+    let mut bstate = BodyState {
+        touched: false,
+        done: !matches!(body, BodyPlan::Streamed),
+    };
+
+    let mut tried = Tried::default();
+    let mut attempts = 0u32;
+    let mut retry_slot: Option<RetrySlot<'_>> = None;
+    let (ticket, inflight, mut upc, ubuf) = loop {
+        attempts += 1;
+        let ticket = Ticket {
+            breaker: &up.shared.breaker,
+            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
+            recorded: false,
+        };
+        if let Admit::Reject(secs) = ticket.admit {
+            add(&stats.circuit_open, 1);
+            conn.consume_head(head_len);
+            tracing::debug!(request_id = %info.rid.as_str(), upstream = %up.cfg.name, "circuit open");
+            let close = !bstate.done || !info.keep_alive || w.draining();
+            if !bstate.done {
+                conn.linger = true;
+            }
+            let sent = respond::error_retry_after(
+                w,
+                cg,
+                &mut conn.stream,
+                ErrorKind::CircuitOpen,
+                secs,
+                info,
+                close,
+            )
+            .await;
+            return sent && !close;
+        }
+
+        let mut may_retry = |class: FailureClass, status: u16, replayable: bool| {
+            if attempts >= policy.attempts
+                || !method_retryable
+                || !replayable
+                || w.now() >= total_deadline
+                || !retry_wanted(&policy.retry_on, class, status)
+            {
+                return false;
+            }
+            if !up.budget_allows_retry()
+                || (retry_slot.is_none()
+                    && !up.shared.retry_begin(up.cfg.retry_budget.max_concurrent))
+            {
+                add(&stats.budget_exhausted, 1);
+                return false;
+            }
+            if retry_slot.is_none() {
+                retry_slot = Some(RetrySlot(&up.shared));
+            }
+            up.count_retry();
+            add(&stats.retries, 1);
+            true
+        };
+
+        let started = Instant::now();
+        let (inflight, upc) = match acquire(w, up, key, &mut tried).await {
+            Ok(x) => x,
+            Err(AcquireFail::NoEndpoints) => {
+                conn.consume_head(head_len);
+                let err = Error::new(ErrorKind::NoEndpoint, Side::Upstream)
+                    .with_cause("no endpoint in rotation");
+                log_upstream(info, &up.cfg.name, None, &err);
+                return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
+            Err(AcquireFail::Saturated) => {
+                add(&stats.saturated, 1);
+                conn.consume_head(head_len);
+                let err = Error::new(ErrorKind::UpstreamSaturated, Side::Internal);
+                return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
+            Err(AcquireFail::Connect(inflight, err)) => {
+                let ep = inflight.endpoint().clone();
+                drop(inflight);
+                record(w, up, &ep, ticket, Err(FailureClass::Connect));
+                log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
+                if may_retry(FailureClass::Connect, 0, !bstate.touched) {
+                    backoff(w, up, attempts, total_deadline).await;
                     continue;
                 }
-                if !has_body {
-                    conn.consume_head(head_len);
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
+        };
+
+        let head_deadline = |w: &Worker| {
+            let d = w.now() + try_timeout;
+            if matches!(body, BodyPlan::Streamed) {
+                d
+            } else {
+                d.min(total_deadline)
+            }
+        };
+        let outcome = exchange(
+            w,
+            cg,
+            conn,
+            info,
+            route,
+            action,
+            &params,
+            up,
+            &inflight,
+            upc,
+            &body,
+            &mut bstate,
+            &head_deadline,
+            max_body,
+        )
+        .await;
+        let ep = inflight.endpoint().clone();
+        match outcome {
+            Exchange::Head(upc, ubuf) => {
+                let elapsed = started.elapsed();
+                ep.observe_latency(elapsed, Instant::now());
+                up.record_latency(elapsed);
+                let status = conn.resp.status;
+                if status >= 500 && may_retry(FailureClass::Status5xx, status, !bstate.touched) {
+                    drop(upc);
+                    drop(inflight);
+                    record(w, up, &ep, ticket, Err(FailureClass::Status5xx));
+                    tracing::debug!(request_id = %info.rid.as_str(), upstream = %up.cfg.name, endpoint = %ep.addr(), status, "retrying after a 5xx response");
+                    backoff(w, up, attempts, total_deadline).await;
+                    continue;
                 }
-                log_upstream(info, &up_cfg.name, Some(&upc), &error);
-                return fail(w, cg, conn, info, error, !body_sent).await;
+                break (ticket, inflight, upc, ubuf);
+            }
+            Exchange::Failed(err) => {
+                drop(inflight);
+                let class = failure_class(err.kind());
+                record(w, up, &ep, ticket, Err(class));
+                log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
+                if may_retry(class, 0, !bstate.touched) {
+                    backoff(w, up, attempts, total_deadline).await;
+                    continue;
+                }
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
+            Exchange::HeadTooLarge => {
+                conn.consume_head(head_len);
+                return fail(
+                    w,
+                    cg,
+                    conn,
+                    info,
+                    Error::new(ErrorKind::HeadTooLarge, Side::Downstream),
+                    true,
+                )
+                .await;
+            }
+            Exchange::Client(err) => {
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, true).await;
             }
         }
     };
+    conn.consume_head(head_len);
+    drop(retry_slot);
 
+    let status = conn.resp.status;
     let relayed = relay_response(
         w,
         cg,
         conn,
         info,
-        &up_cfg.name,
+        &up.cfg.name,
         read_timeout,
         &mut upc,
         ubuf,
-        body_sent,
+        bstate.done,
     )
     .await;
-    match relayed {
+    let ep = inflight.endpoint().clone();
+    drop(inflight);
+    let outcome = if status >= 500 {
+        Err(FailureClass::Status5xx)
+    } else {
+        relayed.upstream_failure.map_or(Ok(()), Err)
+    };
+    record(w, up, &ep, ticket, outcome);
+    match relayed.reuse {
         Some(reuse) => {
             if reuse.upstream {
                 w.release_upstream(cg, action.upstream, upc);
@@ -265,6 +605,233 @@ pub(super) async fn proxy(
         }
         None => false,
     }
+}
+
+/// Waits before retry number `attempts` (the attempt that failed was number `attempts`):
+/// exponential backoff with full jitter, never past the total deadline. The worker serves
+/// other connections meanwhile.
+async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_deadline: Instant) {
+    let p = &up.cfg.retries;
+    let shift = attempts.saturating_sub(1).min(20);
+    let cap = p.backoff_base.saturating_mul(1 << shift).min(p.backoff_max);
+    let cap_us = cap.as_micros() as u64;
+    if cap_us == 0 {
+        return;
+    }
+    let delay = Duration::from_micros(up.random() % (cap_us + 1));
+    let left = total_deadline.saturating_duration_since(w.now());
+    let delay = delay.min(left);
+    if !delay.is_zero() {
+        monoio::time::sleep(delay).await;
+    }
+}
+
+/// Reads a whole Content-Length body of `n` bytes (within the replay buffer limit) into
+/// memory, leaving the request head at the front of the read buffer.
+async fn collect_body(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    head_len: usize,
+    n: usize,
+) -> Result<Vec<u8>, Error> {
+    let mut body = Vec::with_capacity(n);
+    let mut continued = false;
+    loop {
+        let Some(mut rbuf) = conn.rbuf.take() else {
+            return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
+        };
+        let avail = rbuf.len().saturating_sub(head_len);
+        let take = avail.min(n - body.len());
+        body.extend_from_slice(&rbuf.data()[head_len..head_len + take]);
+        rbuf.remove(head_len, take);
+        if body.len() == n {
+            conn.rbuf = Some(rbuf);
+            return Ok(body);
+        }
+        if info.expect_continue && !continued && body.is_empty() {
+            continued = true;
+            let deadline = w.now() + cg.gen.http.send_timeout;
+            if write_static_by(&mut conn.stream, CONTINUE, deadline)
+                .await
+                .is_err()
+            {
+                conn.rbuf = Some(rbuf);
+                return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
+            }
+            add(&w.metrics().bytes_out, CONTINUE.len() as u64);
+        }
+        rbuf.compact();
+        rbuf.limit_next_read(n - body.len());
+        let deadline = w.now() + cg.gen.http.body_timeout;
+        let (res, b) = read_by(&mut conn.stream, rbuf, deadline, &w.pool).await;
+        conn.rbuf = Some(b);
+        match res {
+            Ok(0) => {
+                return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream)
+                    .with_cause("client closed before the end of the request body"))
+            }
+            Ok(k) => add(&w.metrics().bytes_in, k as u64),
+            Err(e) if e.kind() == stdio::ErrorKind::TimedOut => {
+                return Err(Error::new(ErrorKind::RequestTimeout, Side::Downstream).with_cause(e))
+            }
+            Err(e) => return Err(Error::client_io(e)),
+        }
+    }
+}
+
+/// How one attempt on a connection ended.
+enum Exchange {
+    /// A final response head is at the front of the block.
+    Head(UpConn, Block),
+    /// The upstream failed before a response head.
+    Failed(Error),
+    /// The rewritten request head does not fit a block.
+    HeadTooLarge,
+    /// The client failed while its body was streamed.
+    Client(Error),
+}
+
+/// Sends the request on `upc` and reads the response head. A pooled connection that turns
+/// out closed before any response byte is replaced once by a new connection to the same
+/// endpoint, when the request can be sent again (idempotent, body none or buffered).
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    route: &Route,
+    action: &ProxyAction,
+    params: &Params,
+    up: &UpstreamRt,
+    inflight: &InFlight,
+    mut upc: UpConn,
+    body: &BodyPlan,
+    bstate: &mut BodyState,
+    head_deadline: &dyn Fn(&Worker) -> Instant,
+    max_body: Option<u64>,
+) -> Exchange {
+    let head_len = conn.head.len;
+    let mut fresh = !upc.is_reused();
+    let resend_ok = info.method.is_idempotent() && !matches!(body, BodyPlan::Streamed);
+    loop {
+        let mut ubuf = w.pool.take();
+        if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {
+            return Exchange::HeadTooLarge;
+        }
+        let mut rest: &[u8] = &[];
+        match body {
+            BodyPlan::None => {}
+            BodyPlan::Buffered(b) => {
+                let n = b.len().min(ubuf.spare());
+                let _ = ubuf.put(&b[..n]);
+                rest = &b[n..];
+            }
+            BodyPlan::Streamed => {
+                // The head leaves the buffer now, and a small body that is already here
+                // rides along in the same write.
+                conn.consume_head(head_len);
+                bstate.touched = true;
+                if let (BodyFraming::Length(n), Some(rbuf)) = (info.framing, conn.rbuf.as_mut()) {
+                    let n = n as usize;
+                    if rbuf.len() >= n && ubuf.spare() >= n {
+                        let _ = ubuf.put(&rbuf.data()[..n]);
+                        rbuf.consume(n);
+                        bstate.done = true;
+                    }
+                }
+            }
+        }
+
+        let deadline = w.now() + cg.gen.http.send_timeout;
+        let (mut res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
+        let mut ubuf = buf;
+        if res.is_ok() && !rest.is_empty() {
+            res = write_bytes(w, &mut upc.write, rest, deadline).await;
+        }
+        if let Err(e) = res {
+            let err = Error::upstream_io(e);
+            if !fresh && resend_ok && err.kind().retryable(true) {
+                tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; sending again on a new one");
+                match up.connect(inflight.endpoint(), true, w.now()).await {
+                    Ok(c) => {
+                        upc = c;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(_) => return Exchange::Failed(err),
+                }
+            }
+            return Exchange::Failed(err);
+        }
+        ubuf.clear();
+
+        let result = if bstate.done {
+            read_response_head(
+                w,
+                &mut upc.read,
+                ubuf,
+                &mut conn.resp,
+                info.method,
+                Some(head_deadline(w)),
+            )
+            .await
+        } else {
+            match send_body_and_read_head(
+                w,
+                cg,
+                conn,
+                info,
+                &mut upc,
+                ubuf,
+                head_deadline,
+                max_body,
+            )
+            .await
+            {
+                BodyOutcome::Sent(result) => {
+                    bstate.done = true;
+                    result
+                }
+                BodyOutcome::Interrupted(result) => result,
+                BodyOutcome::ClientFailed(err) => return Exchange::Client(err),
+            }
+        };
+        match result {
+            Ok(ubuf) => return Exchange::Head(upc, ubuf),
+            Err(HeadError { error, got_bytes }) => {
+                if !fresh && resend_ok && !got_bytes && error.kind().retryable(true) {
+                    tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
+                    if let Ok(c) = up.connect(inflight.endpoint(), true, w.now()).await {
+                        upc = c;
+                        fresh = true;
+                        continue;
+                    }
+                }
+                return Exchange::Failed(error);
+            }
+        }
+    }
+}
+
+/// Writes `bytes` (a buffered body beyond the head block) through pooled blocks.
+async fn write_bytes(
+    w: &Worker,
+    up: &mut OwnedWriteHalf<TcpStream>,
+    mut bytes: &[u8],
+    deadline: Instant,
+) -> stdio::Result<()> {
+    while !bytes.is_empty() {
+        let mut b = w.body_pool.take();
+        let n = bytes.len().min(b.spare());
+        let _ = b.put(&bytes[..n]);
+        bytes = &bytes[n..];
+        let (res, _) = write_all_by(up, b, deadline, &w.body_pool).await;
+        res?;
+    }
+    Ok(())
 }
 
 /// Writes the upstream request head into `out`: the route's path rewrite, the Host, the
@@ -347,7 +914,7 @@ async fn send_body_and_read_head(
     info: &ReqInfo,
     upc: &mut UpConn,
     ubuf: Block,
-    response_timeout: std::time::Duration,
+    head_deadline: &dyn Fn(&Worker) -> Instant,
     max_body: Option<u64>,
 ) -> BodyOutcome {
     if info.expect_continue && conn.rbuf.as_ref().is_some_and(Block::is_empty) {
@@ -379,12 +946,12 @@ async fn send_body_and_read_head(
     let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, info.method, None));
     match race(pump.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => {
-            BodyOutcome::Sent(await_head(head.as_mut(), w.now() + response_timeout).await)
+            BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w)).await)
         }
         Either::Left(Err(e)) if e.side() == Side::Upstream => {
             // The upstream stopped reading; it may have answered first.
             tracing::debug!(error = %e, "upstream stopped reading the request body");
-            BodyOutcome::Interrupted(await_head(head.as_mut(), w.now() + response_timeout).await)
+            BodyOutcome::Interrupted(await_head(head.as_mut(), head_deadline(w)).await)
         }
         Either::Left(Err(e)) => BodyOutcome::ClientFailed(e),
         Either::Right(result) => BodyOutcome::Interrupted(result),
@@ -592,8 +1159,30 @@ struct Reuse {
     upstream: bool,
 }
 
-/// Sends the response head and relays the body. `None` when the exchange failed after the
-/// response started (the client connection must close).
+/// How relaying a response went.
+struct Relayed {
+    /// `None` when the exchange failed after the response started (the client connection
+    /// must close).
+    reuse: Option<Reuse>,
+    /// The upstream's fault, if it failed (for passive health and the breaker).
+    upstream_failure: Option<FailureClass>,
+}
+
+impl Relayed {
+    /// An invalid response answered with an error before any byte went out; `sent`: the
+    /// client connection may go on.
+    fn invalid(sent: bool) -> Relayed {
+        Relayed {
+            reuse: sent.then_some(Reuse {
+                client: true,
+                upstream: false,
+            }),
+            upstream_failure: Some(FailureClass::Invalid),
+        }
+    }
+}
+
+/// Sends the response head and relays the body.
 #[allow(clippy::too_many_arguments)]
 async fn relay_response(
     w: &Worker,
@@ -605,19 +1194,14 @@ async fn relay_response(
     upc: &mut UpConn,
     mut ubuf: Block,
     body_sent: bool,
-) -> Option<Reuse> {
+) -> Relayed {
     let resp = &conn.resp;
     if resp.status == 101 {
         // Upgrade is stripped from requests until tunnels exist; a 101 is a protocol error.
         let err =
             Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause("unexpected 101");
-        log_upstream(info, up_name, Some(upc), &err);
-        return fail(w, cg, conn, info, err, !body_sent)
-            .await
-            .then_some(Reuse {
-                client: true,
-                upstream: false,
-            });
+        log_upstream(info, up_name, Some(upc.addr()), &err);
+        return Relayed::invalid(fail(w, cg, conn, info, err, !body_sent).await);
     }
     let http10 = info.version == Version::Http10;
     let (relay, out_framing) = match resp.framing {
@@ -658,13 +1242,8 @@ async fn relay_response(
     if write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
             .with_cause("response head too large to relay");
-        log_upstream(info, up_name, Some(upc), &err);
-        return fail(w, cg, conn, info, err, !body_sent)
-            .await
-            .then_some(Reuse {
-                client: true,
-                upstream: false,
-            });
+        log_upstream(info, up_name, Some(upc.addr()), &err);
+        return Relayed::invalid(fail(w, cg, conn, info, err, !body_sent).await);
     }
     ubuf.consume(resp.len);
     if !keep_client {
@@ -681,19 +1260,17 @@ async fn relay_response(
     // The first body bytes ride with the head when they fit.
     if let Err(e) = relay_state.fill_head_block(relay, &mut ubuf, &mut out) {
         // Nothing was sent yet, but the head is already committed to this response.
-        log_upstream(info, up_name, Some(upc), &e);
-        return fail(w, cg, conn, info, e, !body_sent)
-            .await
-            .then_some(Reuse {
-                client: true,
-                upstream: false,
-            });
+        log_upstream(info, up_name, Some(upc.addr()), &e);
+        return Relayed::invalid(fail(w, cg, conn, info, e, !body_sent).await);
     }
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     let (res, _out) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
     if res.is_err() {
-        return None;
+        return Relayed {
+            reuse: None,
+            upstream_failure: None,
+        };
     }
     add(&w.metrics().bytes_out, len);
     w.metrics().response(status);
@@ -710,14 +1287,24 @@ async fn relay_response(
         )
         .await
     {
-        Ok(leftover) => Some(Reuse {
-            client: keep_client,
-            upstream: upstream_keep_alive
-                && body_sent
-                && leftover == 0
-                && !matches!(relay, Relay::UntilClose),
-        }),
+        Ok(leftover) => Relayed {
+            reuse: Some(Reuse {
+                client: keep_client,
+                upstream: upstream_keep_alive
+                    && body_sent
+                    && leftover == 0
+                    && !matches!(relay, Relay::UntilClose),
+            }),
+            upstream_failure: None,
+        },
         Err(e) => {
+            let upstream_failure = (e.side() == Side::Upstream).then(|| {
+                if e.kind() == ErrorKind::UpstreamInvalid {
+                    FailureClass::Invalid
+                } else {
+                    FailureClass::MidBody
+                }
+            });
             if e.side() == Side::Upstream {
                 // The response is cut short: reset the client connection rather than close it,
                 // so that even a close-delimited body cannot pass for complete.
@@ -731,7 +1318,10 @@ async fn relay_response(
                     "upstream failed mid-body; client connection truncated"
                 );
             }
-            None
+            Relayed {
+                reuse: None,
+                upstream_failure,
+            }
         }
     }
 }
@@ -877,11 +1467,11 @@ async fn fail(
     sent && !close
 }
 
-fn log_upstream(info: &ReqInfo, upstream: &str, upc: Option<&UpConn>, err: &Error) {
+fn log_upstream(info: &ReqInfo, upstream: &str, endpoint: Option<SocketAddr>, err: &Error) {
     tracing::warn!(
         request_id = %info.rid.as_str(),
         upstream,
-        endpoint = ?upc.map(UpConn::addr),
+        endpoint = ?endpoint,
         kind = err.kind().code(),
         error = %err,
         "upstream request failed"

@@ -4,7 +4,7 @@
 
 use super::{answer_local, respond, Answer, ClientConn, ReqInfo};
 use crate::error::ErrorKind;
-use crate::observe::metrics::{render, Info};
+use crate::observe::metrics::{render, render_upstreams, Info};
 use crate::worker::{CoreGen, Worker};
 
 /// A reserved endpoint.
@@ -82,6 +82,13 @@ pub(super) async fn answer(
                         .reloads_failed
                         .load(std::sync::atomic::Ordering::Relaxed),
                 },
+                &mut text,
+            );
+            render_upstreams(
+                &shared.metrics,
+                &shared.published.load(),
+                shared.admission.in_flight(),
+                w.now_ms(),
                 &mut text,
             );
             let resp = respond::Local {

@@ -127,6 +127,47 @@ pub async fn error(
     .await
 }
 
+/// The JSON error envelope for `kind` with `Retry-After: secs` (an open circuit).
+#[allow(clippy::too_many_arguments)]
+pub async fn error_retry_after(
+    w: &Worker,
+    cg: &CoreGen,
+    stream: &mut TcpStream,
+    kind: ErrorKind,
+    secs: u64,
+    req: &ReqInfo,
+    close: bool,
+) -> bool {
+    let mut digits = [0u8; 20];
+    let text = decimal(secs.max(1), &mut digits);
+    envelope_response(
+        w,
+        cg,
+        stream,
+        kind,
+        kind.message(),
+        text,
+        Some(req),
+        &req.rid,
+        close,
+    )
+    .await
+}
+
+/// `v` in decimal, written at the end of `buf`.
+fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
 /// 503 `maintenance` with the operator's message and `Retry-After` in whole seconds.
 pub async fn maintenance(
     w: &Worker,
@@ -136,21 +177,8 @@ pub async fn maintenance(
     req: &ReqInfo,
     close: bool,
 ) -> bool {
-    let mut secs = [0u8; 20];
-    let secs = {
-        let n = m.retry_after.as_secs().max(1);
-        let mut i = secs.len();
-        let mut v = n;
-        loop {
-            i -= 1;
-            secs[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        &secs[i..]
-    };
+    let mut digits = [0u8; 20];
+    let secs = decimal(m.retry_after.as_secs().max(1), &mut digits);
     let kind = ErrorKind::Maintenance;
     envelope_response(
         w,

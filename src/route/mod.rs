@@ -226,6 +226,9 @@ pub struct Route {
     pub index: usize,
     /// Explicit priority, higher first (default 0).
     pub priority: i32,
+    /// Load-shedding class, 0 (lowest) to 10; 8 and above may use the reserved share of the
+    /// gateway's concurrency cap.
+    pub priority_class: u8,
     /// Hosts served.
     pub host: HostMatch,
     /// Path matcher.
@@ -554,6 +557,7 @@ mod tests {
             name: name.into(),
             index: 0,
             priority,
+            priority_class: 5,
             host,
             path,
             criteria: Criteria::default(),

@@ -1,42 +1,379 @@
-//! Endpoint selection. Round-robin for now; every balancer answers "which endpoint first", and
-//! the caller walks on from there when that one fails to connect.
+//! Endpoint selection, per upstream per worker: which eligible endpoint a request goes to.
 //!
-//! Ownership: one balancer per upstream per worker (`Cell`, no atomics): workers balance
-//! independently, each starting at a different offset so that N workers do not all hit
-//! endpoint 0 first.
+//! Ownership: one [`Balancer`] per upstream per worker (`Cell`s, no atomics): workers balance
+//! independently, as nginx workers do. Every algorithm takes an eligibility test; a hash
+//! algorithm whose endpoint is not eligible walks on deterministically to the next one, so a
+//! key moves only while its endpoint is out.
 
 use std::cell::Cell;
 
-/// Per-worker round-robin cursor.
-#[derive(Debug)]
-pub struct RoundRobin {
-    next: Cell<usize>,
+use crate::config::BalancerConfig;
+
+/// Virtual nodes per unit of weight on the consistent-hash ring.
+pub const RING_POINTS: u32 = 160;
+
+/// Peak-EWMA decay time for p2c latency estimates, in seconds.
+pub const EWMA_DECAY_SECS: f64 = 10.0;
+
+/// What a balancer needs to know about each endpoint.
+pub trait Endpoints {
+    /// Number of endpoints.
+    fn len(&self) -> usize;
+    /// Whether there is none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether endpoint `i` may take this request.
+    fn eligible(&self, i: usize) -> bool;
+    /// Its weight (weighted round robin).
+    fn weight(&self, i: usize) -> u32;
+    /// Requests in flight on this worker.
+    fn in_flight(&self, i: usize) -> u32;
+    /// Peak-EWMA latency estimate in nanoseconds.
+    fn latency_ns(&self, i: usize) -> f64;
+    /// Smooth-WRR current weight, read and written by the weighted balancer.
+    fn current_weight(&self, i: usize) -> &Cell<i64>;
 }
 
-impl RoundRobin {
-    /// A cursor starting at `offset` (the worker index).
-    pub fn new(offset: usize) -> Self {
-        RoundRobin {
-            next: Cell::new(offset),
+/// 64-bit FNV-1a, then a finalizer so that close keys spread.
+pub fn hash_key(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A worker's balancer for one upstream.
+#[derive(Debug)]
+pub struct Balancer {
+    kind: BalancerConfig,
+    cursor: Cell<usize>,
+    rng: Cell<u64>,
+    /// Consistent-hash ring: (point, endpoint index), sorted by point.
+    ring: Vec<(u64, u32)>,
+}
+
+impl Balancer {
+    /// A balancer of `kind` on worker `worker`, for endpoints identified by `keys` (their
+    /// `addr` + authority, for the ring) with `weights`.
+    pub fn new(kind: &BalancerConfig, worker: usize, keys: &[(String, u32)]) -> Balancer {
+        let ring = match kind {
+            BalancerConfig::ConsistentHash(_) => {
+                let mut ring = Vec::new();
+                for (i, (key, weight)) in keys.iter().enumerate() {
+                    for v in 0..RING_POINTS * weight.max(&1) {
+                        ring.push((hash_key(format!("{key}#{v}").as_bytes()), i as u32));
+                    }
+                }
+                ring.sort_unstable();
+                ring
+            }
+            _ => Vec::new(),
+        };
+        Balancer {
+            kind: kind.clone(),
+            cursor: Cell::new(worker),
+            rng: Cell::new(mix(0x9e37_79b9_7f4a_7c15 ^ worker as u64) | 1),
+            ring,
         }
     }
 
-    /// The endpoint to try first among `n` (n > 0), advancing the cursor.
-    pub fn pick(&self, n: usize) -> usize {
-        let i = self.next.get();
-        self.next.set(i.wrapping_add(1));
-        i % n.max(1)
+    /// The algorithm.
+    pub fn kind(&self) -> &BalancerConfig {
+        &self.kind
+    }
+
+    /// Whether this balancer wants a hash key from the request.
+    pub fn needs_key(&self) -> bool {
+        matches!(
+            self.kind,
+            BalancerConfig::IpHash
+                | BalancerConfig::CookieHash(_)
+                | BalancerConfig::ConsistentHash(_)
+        )
+    }
+
+    /// A pseudo-random number (xorshift64*, per worker).
+    pub fn random(&self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// The endpoint for a request; `key` is the request's hash key for hash balancers (none:
+    /// they fall back to round robin).
+    pub fn pick<E: Endpoints + ?Sized>(&self, eps: &E, key: Option<u64>) -> Option<usize> {
+        let n = eps.len();
+        if n == 0 {
+            return None;
+        }
+        match (&self.kind, key) {
+            (BalancerConfig::ConsistentHash(_), Some(k)) => self.pick_ring(eps, k),
+            (BalancerConfig::IpHash | BalancerConfig::CookieHash(_), Some(k)) => {
+                let start = (k % n as u64) as usize;
+                (0..n).map(|d| (start + d) % n).find(|&i| eps.eligible(i))
+            }
+            (BalancerConfig::Weighted, _) => self.pick_weighted(eps),
+            (BalancerConfig::LeastConn, _) => self.pick_least(eps),
+            (BalancerConfig::P2cEwma, _) => self.pick_p2c(eps),
+            _ => self.pick_round_robin(eps),
+        }
+    }
+
+    fn pick_round_robin<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+        let n = eps.len();
+        let start = self.cursor.get();
+        self.cursor.set(start.wrapping_add(1));
+        (0..n).map(|d| (start + d) % n).find(|&i| eps.eligible(i))
+    }
+
+    /// nginx's smooth weighted round robin: every eligible endpoint gains its weight, the
+    /// largest is picked and loses the total.
+    fn pick_weighted<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+        let mut total = 0i64;
+        let mut best: Option<usize> = None;
+        for i in 0..eps.len() {
+            if !eps.eligible(i) {
+                continue;
+            }
+            let w = i64::from(eps.weight(i).max(1));
+            let c = eps.current_weight(i);
+            c.set(c.get() + w);
+            total += w;
+            if best.is_none_or(|b| c.get() > eps.current_weight(b).get()) {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            let c = eps.current_weight(b);
+            c.set(c.get() - total);
+        }
+        best
+    }
+
+    fn pick_least<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+        let n = eps.len();
+        let start = self.cursor.get();
+        self.cursor.set(start.wrapping_add(1));
+        (0..n)
+            .map(|d| (start + d) % n)
+            .filter(|&i| eps.eligible(i))
+            .min_by_key(|&i| eps.in_flight(i))
+    }
+
+    /// Power of two choices: two distinct eligible endpoints at random, the one with the lower
+    /// peak-EWMA latency times (in-flight + 1) wins.
+    fn pick_p2c<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+        let n = eps.len();
+        if n == 1 {
+            return eps.eligible(0).then_some(0);
+        }
+        let a = (self.random() % n as u64) as usize;
+        let mut b = (self.random() % (n as u64 - 1)) as usize;
+        if b >= a {
+            b += 1;
+        }
+        let cost = |i: usize| eps.latency_ns(i).max(1.0) * f64::from(eps.in_flight(i) + 1);
+        match (eps.eligible(a), eps.eligible(b)) {
+            (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
+            (true, false) => Some(a),
+            (false, true) => Some(b),
+            (false, false) => self.pick_round_robin(eps),
+        }
+    }
+
+    fn pick_ring<E: Endpoints + ?Sized>(&self, eps: &E, key: u64) -> Option<usize> {
+        if self.ring.is_empty() {
+            return None;
+        }
+        let start = self.ring.partition_point(|&(p, _)| p < key);
+        let len = self.ring.len();
+        (0..len)
+            .map(|d| self.ring[(start + d) % len].1 as usize)
+            .find(|&i| i < eps.len() && eps.eligible(i))
+    }
+}
+
+/// A peak-EWMA estimate `elapsed_secs` after its last sample, decayed toward zero: an
+/// endpoint nobody picked for a while looks cheaper and gets probed again (as Finagle's
+/// PeakEwma), so one slow sample cannot shut it out for good.
+pub fn decayed(estimate: f64, elapsed_secs: f64) -> f64 {
+    estimate * (-elapsed_secs / EWMA_DECAY_SECS).exp()
+}
+
+/// Folds a latency sample into a peak-EWMA estimate: a higher sample replaces the estimate at
+/// once; a lower one pulls it down with a decay of [`EWMA_DECAY_SECS`].
+pub fn peak_ewma(estimate: f64, sample_ns: f64, elapsed_secs: f64) -> f64 {
+    if sample_ns > estimate {
+        sample_ns
+    } else {
+        let w = (-elapsed_secs / EWMA_DECAY_SECS).exp();
+        estimate * w + sample_ns * (1.0 - w)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HashKey;
+
+    struct Fake {
+        eligible: Vec<bool>,
+        weights: Vec<u32>,
+        in_flight: Vec<u32>,
+        latency: Vec<f64>,
+        current: Vec<Cell<i64>>,
+    }
+
+    impl Fake {
+        fn new(n: usize) -> Fake {
+            Fake {
+                eligible: vec![true; n],
+                weights: vec![1; n],
+                in_flight: vec![0; n],
+                latency: vec![1000.0; n],
+                current: (0..n).map(|_| Cell::new(0)).collect(),
+            }
+        }
+    }
+
+    impl Endpoints for Fake {
+        fn len(&self) -> usize {
+            self.eligible.len()
+        }
+        fn eligible(&self, i: usize) -> bool {
+            self.eligible[i]
+        }
+        fn weight(&self, i: usize) -> u32 {
+            self.weights[i]
+        }
+        fn in_flight(&self, i: usize) -> u32 {
+            self.in_flight[i]
+        }
+        fn latency_ns(&self, i: usize) -> f64 {
+            self.latency[i]
+        }
+        fn current_weight(&self, i: usize) -> &Cell<i64> {
+            &self.current[i]
+        }
+    }
+
+    fn keys(n: usize) -> Vec<(String, u32)> {
+        (0..n).map(|i| (format!("10.0.0.{i}:80"), 1)).collect()
+    }
 
     #[test]
-    fn cycles_evenly() {
-        let rr = RoundRobin::new(1);
-        let picks: Vec<usize> = (0..6).map(|_| rr.pick(3)).collect();
-        assert_eq!(picks, vec![1, 2, 0, 1, 2, 0]);
+    fn weighted_3_2_1_is_smooth_and_exact() {
+        let mut f = Fake::new(3);
+        f.weights = vec![3, 2, 1];
+        let b = Balancer::new(&BalancerConfig::Weighted, 0, &keys(3));
+        let mut counts = [0usize; 3];
+        let first: Vec<usize> = (0..6).map(|_| b.pick(&f, None).unwrap()).collect();
+        assert_eq!(first, vec![0, 1, 0, 2, 1, 0], "nginx's smooth order");
+        for _ in 0..5994 {
+            counts[b.pick(&f, None).unwrap()] += 1;
+        }
+        for (i, c) in first.iter().enumerate() {
+            let _ = i;
+            counts[*c] += 1;
+        }
+        assert_eq!(counts, [3000, 2000, 1000]);
+        f.eligible[0] = false;
+        let picks: Vec<usize> = (0..3).map(|_| b.pick(&f, None).unwrap()).collect();
+        assert!(!picks.contains(&0));
+    }
+
+    #[test]
+    fn round_robin_and_least_conn_skip_ineligible() {
+        let mut f = Fake::new(3);
+        f.eligible[1] = false;
+        let rr = Balancer::new(&BalancerConfig::RoundRobin, 0, &keys(3));
+        let picks: Vec<usize> = (0..4).map(|_| rr.pick(&f, None).unwrap()).collect();
+        assert_eq!(picks, vec![0, 2, 2, 0]);
+        f.in_flight = vec![5, 0, 2];
+        let lc = Balancer::new(&BalancerConfig::LeastConn, 0, &keys(3));
+        assert_eq!(lc.pick(&f, None), Some(2));
+        f.eligible = vec![false; 3];
+        assert_eq!(lc.pick(&f, None), None);
+    }
+
+    #[test]
+    fn hash_walks_to_the_next_eligible_deterministically() {
+        let mut f = Fake::new(4);
+        let b = Balancer::new(&BalancerConfig::IpHash, 0, &keys(4));
+        let k = hash_key(b"203.0.113.9");
+        let home = b.pick(&f, Some(k)).unwrap();
+        assert_eq!(b.pick(&f, Some(k)), Some(home), "sticky");
+        f.eligible[home] = false;
+        let next = b.pick(&f, Some(k)).unwrap();
+        assert_eq!(next, (home + 1) % 4);
+        assert_eq!(b.pick(&f, Some(k)), Some(next));
+    }
+
+    #[test]
+    fn consistent_hash_moves_about_one_nth_when_an_endpoint_leaves() {
+        let n = 5;
+        let f = Fake::new(n);
+        let b = Balancer::new(
+            &BalancerConfig::ConsistentHash(HashKey::ClientIp),
+            0,
+            &keys(n),
+        );
+        let before: Vec<usize> = (0..10_000u32)
+            .map(|k| b.pick(&f, Some(hash_key(&k.to_le_bytes()))).unwrap())
+            .collect();
+        // Endpoint 2 leaves the set (the ring is rebuilt without it).
+        let remaining: Vec<(String, u32)> = keys(n)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 2)
+            .map(|(_, k)| k)
+            .collect();
+        let f2 = Fake::new(n - 1);
+        let b2 = Balancer::new(
+            &BalancerConfig::ConsistentHash(HashKey::ClientIp),
+            0,
+            &remaining,
+        );
+        let map = [0usize, 1, 3, 4];
+        let mut moved = 0;
+        for (k, &was) in before.iter().enumerate() {
+            let now = map[b2
+                .pick(&f2, Some(hash_key(&(k as u32).to_le_bytes())))
+                .unwrap()];
+            if now != was {
+                moved += 1;
+                assert_eq!(was, 2, "only keys of the endpoint that left move");
+            }
+        }
+        let share = moved as f64 / before.len() as f64;
+        assert!(share <= 1.0 / n as f64 + 0.05, "moved {share}");
+        assert!(share > 0.1);
+    }
+
+    #[test]
+    fn p2c_prefers_the_cheaper_of_two() {
+        let mut f = Fake::new(2);
+        f.latency = vec![10_000.0, 1_000.0];
+        let b = Balancer::new(&BalancerConfig::P2cEwma, 0, &keys(2));
+        let picks: Vec<usize> = (0..20).map(|_| b.pick(&f, None).unwrap()).collect();
+        assert!(picks.iter().all(|&p| p == 1));
+        f.in_flight = vec![0, 20];
+        assert_eq!(b.pick(&f, None), Some(0));
+        assert_eq!(peak_ewma(100.0, 500.0, 1.0), 500.0);
+        let decayed = peak_ewma(500.0, 100.0, 10.0);
+        assert!(decayed < 500.0 && decayed > 100.0);
     }
 }

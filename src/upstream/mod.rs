@@ -1,87 +1,340 @@
-//! Upstreams as one worker sees them: endpoints, the balancer and the keep-alive pools.
+//! Upstreams as one worker sees them: endpoints, the balancer, the keep-alive pools and the
+//! worker's share of the cross-core upstream state.
 //!
-//! Ownership: one [`UpstreamRt`] per upstream per worker (`RefCell`/`Cell`, never `Send`).
-//! The endpoint list is replaced on the worker's tick when the control thread publishes new
-//! DNS answers; pools of endpoints that stay are kept.
+//! Ownership: one [`UpstreamRt`] per upstream per worker and generation (`RefCell`/`Cell`,
+//! never `Send`). What must outlive a generation on this worker (an endpoint's idle pool,
+//! in-flight count and latency estimate; the upstream's retry-budget window and latency
+//! histogram) sits behind an `Rc` that the next generation adopts when the upstream and
+//! endpoint stay, so a reload changes routes without cooling pools or forgetting latencies.
+//! Cross-core state (health, ejection, drain, breaker, connection counts) lives in
+//! [`state`], shared through `Arc` and kept across reloads by the control thread.
+//!
 //! Invariant: a connection is handed to [`UpstreamRt::release`] only after its response
-//! completed exactly and neither side asked to close (the caller's duty, see `proxy/forward.rs`).
-//! Not here: resolving names (control thread), deciding what to forward (proxy).
+//! completed exactly and neither side asked to close (the caller's duty, see
+//! `proxy/forward.rs`).
+//! Not here: resolving names (control thread), deciding what to forward or retry (proxy).
 
 pub mod balancer;
 pub mod pool;
+pub mod state;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
 
 use crate::config::UpstreamConfig;
 use crate::net;
-use crate::observe::metrics::{add, WorkerMetrics};
+use crate::observe::metrics::add;
 use crate::shared::ResolvedEndpoint;
 
-pub use balancer::RoundRobin;
+pub use balancer::{Balancer, Endpoints};
 pub use pool::{IdlePool, UpConn};
+pub use state::{Admit, EndpointState, FailureClass, UpstreamState};
 
-/// One endpoint with its idle connections.
+/// Length of the retry-budget window, in one-second slots.
+pub const BUDGET_WINDOW_SECS: usize = 10;
+
+/// One endpoint on one worker.
 #[derive(Debug)]
-struct EndpointRt {
+pub struct EndpointRt {
+    /// Cross-core state.
+    pub state: Arc<EndpointState>,
     addr: SocketAddr,
-    authority: Rc<str>,
-    idle: IdlePool,
+    authority: Arc<str>,
+    weight: Cell<u32>,
+    idle: RefCell<IdlePool>,
+    in_flight: Cell<u32>,
+    /// Peak-EWMA latency estimate (ns) and when it was last updated.
+    ewma: Cell<(f64, Option<Instant>)>,
+    /// Smooth weighted round robin's current weight.
+    wrr: Cell<i64>,
 }
 
-/// Why no connection could be had.
+impl EndpointRt {
+    fn new(r: &ResolvedEndpoint) -> Self {
+        EndpointRt {
+            state: r.state.clone(),
+            addr: r.addr,
+            authority: r.authority.clone(),
+            weight: Cell::new(r.weight),
+            idle: RefCell::new(IdlePool::default()),
+            in_flight: Cell::new(0),
+            ewma: Cell::new((0.0, None)),
+            wrr: Cell::new(0),
+        }
+    }
+
+    /// The endpoint address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Counts an attempt in flight on `worker` until the returned guard drops.
+    pub fn begin(self: &Rc<Self>, worker: usize) -> InFlight {
+        let n = self.in_flight.get() + 1;
+        self.in_flight.set(n);
+        let stats = self.state.stats(worker);
+        stats.in_flight.store(u64::from(n), Ordering::Relaxed);
+        add(&stats.requests, 1);
+        InFlight {
+            ep: self.clone(),
+            worker,
+        }
+    }
+
+    /// Folds a latency sample into the peak-EWMA estimate.
+    pub fn observe_latency(&self, sample: Duration, now: Instant) {
+        let (estimate, at) = self.ewma.get();
+        let elapsed = at.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        let next = balancer::peak_ewma(estimate, sample.as_nanos() as f64, elapsed);
+        self.ewma.set((next, Some(now)));
+    }
+}
+
+/// An attempt in flight on an endpoint (see [`EndpointRt::begin`]).
 #[derive(Debug)]
-pub enum AcquireError {
-    /// The upstream has no endpoint (DNS returned nothing).
-    NoEndpoints,
-    /// Every endpoint tried refused or failed; the last one tried and its error.
-    Failed(SocketAddr, io::Error),
-    /// An endpoint did not accept the connection within the connect timeout.
-    TimedOut(SocketAddr),
+pub struct InFlight {
+    ep: Rc<EndpointRt>,
+    worker: usize,
 }
 
-/// A worker's view of one upstream.
+impl InFlight {
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Rc<EndpointRt> {
+        &self.ep
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let n = self.ep.in_flight.get().saturating_sub(1);
+        self.ep.in_flight.set(n);
+        self.ep
+            .state
+            .stats(self.worker)
+            .in_flight
+            .store(u64::from(n), Ordering::Relaxed);
+    }
+}
+
+/// What an upstream keeps on this worker across generations.
+#[derive(Debug)]
+pub struct UpstreamLocal {
+    /// Requests and retries per one-second slot of the budget window, and the slot's second.
+    window: RefCell<[(u64, u64); BUDGET_WINDOW_SECS]>,
+    second: Cell<u64>,
+    latency: RefCell<Histogram<u64>>,
+    latency_dirty: Cell<bool>,
+    /// The copy published last time, reused for the next publication.
+    latency_spare: RefCell<Option<Arc<Histogram<u64>>>>,
+}
+
+impl UpstreamLocal {
+    fn new() -> Self {
+        UpstreamLocal {
+            window: RefCell::new([(0, 0); BUDGET_WINDOW_SECS]),
+            second: Cell::new(0),
+            latency: RefCell::new(state::new_histogram()),
+            latency_dirty: Cell::new(false),
+            latency_spare: RefCell::new(Some(Arc::new(state::new_histogram()))),
+        }
+    }
+
+    fn slot(&self) -> usize {
+        (self.second.get() % BUDGET_WINDOW_SECS as u64) as usize
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.window
+            .borrow()
+            .iter()
+            .fold((0, 0), |(r, t), s| (r + s.0, t + s.1))
+    }
+}
+
+/// Which endpoints a pick must avoid: those already tried by this request (by identity).
+#[derive(Debug, Default)]
+pub struct Tried {
+    ids: [usize; 16],
+    len: usize,
+}
+
+impl Tried {
+    /// Adds an endpoint (beyond 16 the oldest entries stay; attempts are at most 10).
+    pub fn add(&mut self, ep: &EndpointRt) {
+        if self.len < self.ids.len() {
+            self.ids[self.len] = Arc::as_ptr(&ep.state) as usize;
+            self.len += 1;
+        }
+    }
+
+    fn contains(&self, ep: &EndpointRt) -> bool {
+        let id = Arc::as_ptr(&ep.state) as usize;
+        self.ids[..self.len].contains(&id)
+    }
+}
+
+/// Why no endpoint was picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickError {
+    /// No endpoint in rotation (none resolved, or all drained).
+    NoEndpoints,
+    /// Endpoints are in rotation but all are at their connection limit or out of tokens.
+    Busy,
+}
+
+/// Why no connection could be had on a picked endpoint.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The endpoint reached its connection limit since it was picked.
+    Busy,
+    /// The connection failed.
+    Failed(io::Error),
+    /// The endpoint did not accept the connection within the connect timeout.
+    TimedOut,
+}
+
+/// A worker's view of one upstream in one generation.
 #[derive(Debug)]
 pub struct UpstreamRt {
-    endpoints: RefCell<Vec<EndpointRt>>,
-    balancer: RoundRobin,
-    connect_timeout: Duration,
-    pool_max_idle: usize,
-    pool_idle_timeout: Duration,
+    /// The configuration.
+    pub cfg: UpstreamConfig,
+    /// Cross-core state.
+    pub shared: Arc<UpstreamState>,
+    /// State kept across generations on this worker.
+    pub local: Rc<UpstreamLocal>,
+    worker: usize,
+    endpoints: RefCell<Vec<Rc<EndpointRt>>>,
+    balancer: RefCell<Balancer>,
+}
+
+struct View<'a> {
+    eps: &'a [Rc<EndpointRt>],
+    tried: &'a Tried,
+    skip: Option<usize>,
+    allow_tried: bool,
+    /// Health and ejection count (false: fail open, every endpoint is out).
+    strict: bool,
+    max_connections: u32,
+    bucket: Option<(crate::config::RateLimitConfig, u64)>,
+    now_ms: u64,
+    now: Instant,
+}
+
+impl View<'_> {
+    fn in_rotation(&self, ep: &EndpointRt) -> bool {
+        !ep.state.drained.load(Ordering::Relaxed)
+    }
+
+    fn healthy(&self, ep: &EndpointRt) -> bool {
+        ep.state.healthy.load(Ordering::Relaxed) && !ep.state.ejected(self.now_ms)
+    }
+
+    fn has_room(&self, ep: &EndpointRt) -> bool {
+        let conn_ok =
+            !ep.idle.borrow().is_empty() || ep.state.has_connection_room(self.max_connections);
+        conn_ok
+            && self
+                .bucket
+                .is_none_or(|(cfg, now_ns)| ep.state.bucket_allows(&cfg, now_ns))
+    }
+}
+
+impl Endpoints for View<'_> {
+    fn len(&self) -> usize {
+        self.eps.len()
+    }
+
+    fn eligible(&self, i: usize) -> bool {
+        let ep = &self.eps[i];
+        Some(i) != self.skip
+            && (self.allow_tried || !self.tried.contains(ep))
+            && self.in_rotation(ep)
+            && (!self.strict || self.healthy(ep))
+            && self.has_room(ep)
+    }
+
+    fn weight(&self, i: usize) -> u32 {
+        self.eps[i].weight.get()
+    }
+
+    fn in_flight(&self, i: usize) -> u32 {
+        self.eps[i].in_flight.get()
+    }
+
+    fn latency_ns(&self, i: usize) -> f64 {
+        match self.eps[i].ewma.get() {
+            (estimate, Some(at)) => balancer::decayed(
+                estimate,
+                self.now.saturating_duration_since(at).as_secs_f64(),
+            ),
+            (_, None) => 0.0,
+        }
+    }
+
+    fn current_weight(&self, i: usize) -> &Cell<i64> {
+        &self.eps[i].wrr
+    }
 }
 
 impl UpstreamRt {
-    /// The runtime state for `cfg` with its resolved `endpoints`, on worker `worker`.
-    pub fn new(cfg: &UpstreamConfig, endpoints: &[ResolvedEndpoint], worker: usize) -> Self {
+    /// The runtime state for `cfg` with its resolved `endpoints` and cross-core `shared`
+    /// state, on worker `worker`; adopts what `previous` (the same upstream in the previous
+    /// generation on this worker) kept.
+    pub fn new(
+        cfg: &UpstreamConfig,
+        shared: Arc<UpstreamState>,
+        endpoints: &[ResolvedEndpoint],
+        worker: usize,
+        previous: Option<&UpstreamRt>,
+    ) -> Self {
+        let local = previous
+            .filter(|p| Arc::ptr_eq(&p.shared, &shared))
+            .map_or_else(|| Rc::new(UpstreamLocal::new()), |p| p.local.clone());
+        let carried: Vec<Rc<EndpointRt>> = previous
+            .map(|p| p.endpoints.borrow().clone())
+            .unwrap_or_default();
         let rt = UpstreamRt {
-            endpoints: RefCell::new(Vec::new()),
-            balancer: RoundRobin::new(worker),
-            connect_timeout: cfg.connect_timeout,
-            pool_max_idle: cfg.pool_max_idle,
-            pool_idle_timeout: cfg.pool_idle_timeout,
+            balancer: RefCell::new(Balancer::new(&cfg.balancer, worker, &[])),
+            cfg: cfg.clone(),
+            shared,
+            local,
+            worker,
+            endpoints: RefCell::new(carried),
         };
         rt.set_endpoints(endpoints);
         rt
     }
 
-    /// Replaces the endpoint list, keeping the idle pools of endpoints still present.
+    /// Replaces the endpoint list, keeping the per-worker state (idle pool, in-flight count,
+    /// latency) of endpoints still present; idle connections of endpoints that left close.
     pub fn set_endpoints(&self, resolved: &[ResolvedEndpoint]) {
         let mut current = self.endpoints.borrow_mut();
         let mut next = Vec::with_capacity(resolved.len());
         for r in resolved {
             let kept = current
                 .iter()
-                .position(|e| e.addr == r.addr && *e.authority == *r.authority)
+                .position(|e| Arc::ptr_eq(&e.state, &r.state))
                 .map(|i| current.swap_remove(i));
-            next.push(kept.unwrap_or_else(|| EndpointRt {
-                addr: r.addr,
-                authority: Rc::from(&*r.authority),
-                idle: IdlePool::default(),
-            }));
+            let ep = kept.unwrap_or_else(|| Rc::new(EndpointRt::new(r)));
+            ep.weight.set(r.weight);
+            ep.idle.borrow_mut().trim(self.cfg.pool_max_idle);
+            next.push(ep);
         }
+        for gone in current.drain(..) {
+            gone.idle.borrow_mut().clear();
+        }
+        let keys: Vec<(String, u32)> = next
+            .iter()
+            .map(|e| (format!("{}#{}", e.addr, e.authority), e.weight.get()))
+            .collect();
+        *self.balancer.borrow_mut() = Balancer::new(&self.cfg.balancer, self.worker, &keys);
         *current = next;
     }
 
@@ -92,117 +345,215 @@ impl UpstreamRt {
 
     /// Idle pooled connections across endpoints.
     pub fn idle_count(&self) -> usize {
-        self.endpoints.borrow().iter().map(|e| e.idle.len()).sum()
+        self.endpoints
+            .borrow()
+            .iter()
+            .map(|e| e.idle.borrow().len())
+            .sum()
     }
 
-    /// A connection for one request: a pooled one when there is one, else a new one, walking
-    /// the endpoints from the balancer's pick when connecting fails. `force_new` skips the
-    /// pool (the retry after a stale pooled connection).
+    /// Whether the balancer wants a hash key from the request.
+    pub fn needs_key(&self) -> bool {
+        self.balancer.borrow().needs_key()
+    }
+
+    /// A pseudo-random number (backoff jitter).
+    pub fn random(&self) -> u64 {
+        self.balancer.borrow().random()
+    }
+
+    /// Picks an endpoint for an attempt: eligible (in rotation, healthy and not ejected, with
+    /// connection room and a token) and not in `tried` when another one is. When no endpoint
+    /// in rotation is healthy, health is ignored (fail open).
+    pub fn pick(
+        &self,
+        key: Option<u64>,
+        tried: &Tried,
+        now_ms: u64,
+        now: Instant,
+        epoch: Instant,
+    ) -> Result<Rc<EndpointRt>, PickError> {
+        let eps = self.endpoints.borrow();
+        if eps.is_empty() {
+            return Err(PickError::NoEndpoints);
+        }
+        let balancer = self.balancer.borrow();
+        let now_ns = now.saturating_duration_since(epoch).as_nanos() as u64;
+        let mut view = View {
+            eps: &eps,
+            tried,
+            skip: None,
+            allow_tried: false,
+            strict: true,
+            max_connections: self.cfg.max_connections,
+            bucket: self.cfg.rate_limit.map(|r| (r, now_ns)),
+            now_ms,
+            now,
+        };
+        if !eps.iter().any(|e| view.in_rotation(e) && view.healthy(e)) {
+            view.strict = false;
+        }
+        // A token bucket is spent only by the endpoint finally picked; when another worker
+        // took the last token between the check and the take, the next candidate is tried.
+        for _ in 0..eps.len() {
+            view.allow_tried = false;
+            let mut pick = balancer.pick(&view, key);
+            if pick.is_none() {
+                view.allow_tried = true;
+                pick = balancer.pick(&view, key);
+            }
+            let Some(i) = pick else { break };
+            let ep = &eps[i];
+            match view.bucket {
+                Some((cfg, now_ns)) if !ep.state.bucket_take(&cfg, now_ns) => {
+                    view.skip = Some(i);
+                }
+                _ => return Ok(ep.clone()),
+            }
+        }
+        if eps.iter().any(|e| view.in_rotation(e)) {
+            Err(PickError::Busy)
+        } else {
+            Err(PickError::NoEndpoints)
+        }
+    }
+
+    /// A connection to `ep`: a pooled one when there is one (unless `force_new`), else a new
+    /// one within the endpoint's connection limit.
     ///
     /// A pooled connection is checked first (one non-blocking `MSG_PEEK`): one the upstream
     /// closed, or one with bytes nobody asked for (a late response, a 408 written before
     /// closing an idle connection), is dropped, so those bytes can never be read as the next
     /// request's response.
-    pub async fn acquire(
+    pub async fn connect(
         &self,
+        ep: &Rc<EndpointRt>,
         force_new: bool,
         now: Instant,
-        metrics: &WorkerMetrics,
-    ) -> Result<UpConn, AcquireError> {
-        let n = self.endpoint_count();
-        if n == 0 {
-            return Err(AcquireError::NoEndpoints);
-        }
-        let first = self.balancer.pick(n);
-        let mut last_err = None;
-        for i in 0..n {
-            let (addr, authority) = {
-                let mut eps = self.endpoints.borrow_mut();
-                // The list cannot change while this loop runs without an await in between,
-                // but it may between iterations: index modulo the current length.
-                let len = eps.len();
-                if len == 0 {
-                    return Err(AcquireError::NoEndpoints);
-                }
-                let ep = &mut eps[(first + i) % len];
-                if !force_new {
-                    while let Some(conn) = ep.idle.pop(now, self.pool_idle_timeout) {
-                        if conn.idle_usable() {
-                            add(&metrics.pool_hits, 1);
-                            return Ok(conn);
-                        }
-                    }
-                }
-                (ep.addr, ep.authority.clone())
-            };
-            add(&metrics.pool_misses, 1);
-            match net::connect(addr, self.connect_timeout).await {
-                Ok(stream) => {
-                    add(&metrics.upstream_connects, 1);
-                    return Ok(UpConn::new(stream, addr, authority));
-                }
-                Err(e) => {
-                    add(&metrics.upstream_connect_errors, 1);
-                    tracing::debug!(endpoint = %addr, error = %e, "upstream connect failed");
-                    if e.kind() == io::ErrorKind::TimedOut {
-                        // A slow network: walking on would multiply the wait.
-                        return Err(AcquireError::TimedOut(addr));
-                    }
-                    last_err = Some((addr, e));
+    ) -> Result<UpConn, ConnectError> {
+        let stats = self.shared.stats(self.worker);
+        if !force_new {
+            let mut idle = ep.idle.borrow_mut();
+            while let Some(conn) = idle.pop(now, self.cfg.pool_idle_timeout) {
+                if conn.idle_usable() {
+                    add(&stats.pool_hits, 1);
+                    return Ok(conn);
                 }
             }
         }
-        let (addr, e) = last_err.unwrap_or_else(|| {
-            (
-                SocketAddr::from(([0, 0, 0, 0], 0)),
-                io::ErrorKind::NotConnected.into(),
-            )
-        });
-        Err(AcquireError::Failed(addr, e))
+        if !ep.state.open_connection(self.cfg.max_connections) {
+            return Err(ConnectError::Busy);
+        }
+        // The slot now belongs to the connection: `UpConn` gives it back when dropped; a
+        // failed connect gives it back here.
+        add(&stats.pool_misses, 1);
+        match net::connect(ep.addr, self.cfg.connect_timeout).await {
+            Ok(stream) => Ok(UpConn::new(
+                stream,
+                ep.addr,
+                ep.authority.clone(),
+                ep.state.clone(),
+            )),
+            Err(e) => {
+                ep.state.close_connection();
+                tracing::debug!(endpoint = %ep.addr, error = %e, "upstream connect failed");
+                if e.kind() == io::ErrorKind::TimedOut {
+                    Err(ConnectError::TimedOut)
+                } else {
+                    Err(ConnectError::Failed(e))
+                }
+            }
+        }
     }
 
     /// Returns a connection whose exchange completed cleanly to its endpoint's idle pool (or
-    /// closes it when the pool is full or the endpoint is gone).
+    /// closes it when the pool is full or the endpoint left the upstream).
     pub fn release(&self, mut conn: UpConn, now: Instant) {
-        if self.pool_max_idle == 0 {
+        if self.cfg.pool_max_idle == 0 {
             return;
         }
-        let mut eps = self.endpoints.borrow_mut();
-        if let Some(ep) = eps
-            .iter_mut()
-            .find(|e| e.addr == conn.addr() && *e.authority == *conn.authority())
-        {
+        let eps = self.endpoints.borrow();
+        if let Some(ep) = eps.iter().find(|e| conn.belongs_to(&e.state)) {
             conn.mark_reused();
-            ep.idle.push(conn, now, self.pool_max_idle);
+            ep.idle.borrow_mut().push(conn, now, self.cfg.pool_max_idle);
         }
     }
 
-    /// Takes over the idle connections `old` (the same upstream in the previous generation)
-    /// holds for endpoints this one also has.
-    pub fn adopt_idle(&self, old: &UpstreamRt) {
-        let mut theirs = old.endpoints.borrow_mut();
-        let mut ours = self.endpoints.borrow_mut();
-        for ep in ours.iter_mut() {
-            if let Some(prev) = theirs
-                .iter_mut()
-                .find(|p| p.addr == ep.addr && *p.authority == *ep.authority)
-            {
-                std::mem::swap(&mut ep.idle, &mut prev.idle);
+    /// Counts a request (first attempt) in the budget window and the upstream's metrics.
+    pub fn count_request(&self) {
+        let slot = self.local.slot();
+        self.local.window.borrow_mut()[slot].0 += 1;
+        add(&self.shared.stats(self.worker).requests, 1);
+    }
+
+    /// Counts a retry in the budget window.
+    pub fn count_retry(&self) {
+        let slot = self.local.slot();
+        self.local.window.borrow_mut()[slot].1 += 1;
+    }
+
+    /// Whether the retry budget allows one more retry now: retries in the window stay within
+    /// `percent` of requests plus `min_per_second` per second, summed over every worker.
+    pub fn budget_allows_retry(&self) -> bool {
+        let b = &self.cfg.retry_budget;
+        let (r_local, t_local) = self.local.totals();
+        let (r_other, t_other) = self.shared.window_totals(self.worker);
+        let (requests, retries) = (r_local + r_other, t_local + t_other);
+        let allowed = requests * u64::from(b.percent) / 100
+            + u64::from(b.min_per_second) * BUDGET_WINDOW_SECS as u64;
+        retries < allowed
+    }
+
+    /// Records the time to a response head.
+    pub fn record_latency(&self, d: Duration) {
+        let _ = self.local.latency.borrow_mut().record(
+            (d.as_micros() as u64).clamp(state::LATENCY_RANGE_US.0, state::LATENCY_RANGE_US.1),
+        );
+        self.local.latency_dirty.set(true);
+    }
+
+    /// Whether ejecting one more endpoint of this upstream is within the ejection budget.
+    pub fn may_eject(&self, max_percent: u32, now_ms: u64) -> bool {
+        let eps = self.endpoints.borrow();
+        state::may_eject(eps.iter().map(|e| &*e.state), max_percent, now_ms)
+    }
+
+    /// Periodic work (the worker's tick): rolls the budget window to second `second` and
+    /// publishes this worker's figures; publishes the latency histogram when `publish`.
+    pub fn tick(&self, second: u64, publish_latency: bool) {
+        let local = &self.local;
+        if local.second.get() != second {
+            let mut window = local.window.borrow_mut();
+            let gap = second.saturating_sub(local.second.get());
+            for k in 1..=gap.min(BUDGET_WINDOW_SECS as u64) {
+                window[((local.second.get() + k) % BUDGET_WINDOW_SECS as u64) as usize] = (0, 0);
             }
+            local.second.set(second);
+        }
+        let (r, t) = local.totals();
+        let slot = &self.shared.window[self.worker % self.shared.window.len()];
+        slot[0].store(r, Ordering::Relaxed);
+        slot[1].store(t, Ordering::Relaxed);
+        if publish_latency && local.latency_dirty.replace(false) {
+            self.shared.publish_latency(
+                self.worker,
+                &local.latency.borrow(),
+                &mut local.latency_spare.borrow_mut(),
+            );
         }
     }
 
     /// Closes idle connections older than the pool idle timeout.
     pub fn reap(&self, now: Instant) {
-        for ep in self.endpoints.borrow_mut().iter_mut() {
-            ep.idle.reap(now, self.pool_idle_timeout);
+        for ep in self.endpoints.borrow().iter() {
+            ep.idle.borrow_mut().reap(now, self.cfg.pool_idle_timeout);
         }
     }
 
     /// Closes every idle connection (shutdown).
     pub fn clear_idle(&self) {
-        for ep in self.endpoints.borrow_mut().iter_mut() {
-            ep.idle.clear();
+        for ep in self.endpoints.borrow().iter() {
+            ep.idle.borrow_mut().clear();
         }
     }
 }

@@ -7,16 +7,17 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
 
+use super::state::EndpointState;
 use crate::net::sys::idle_socket_usable;
 
 /// An upstream connection, split so the request body can be sent while the response head is
-/// read.
+/// read. It holds one of its endpoint's connection slots until dropped.
 #[derive(Debug)]
 pub struct UpConn {
     /// Read half.
@@ -25,13 +26,26 @@ pub struct UpConn {
     pub write: OwnedWriteHalf<TcpStream>,
     fd: RawFd,
     addr: SocketAddr,
-    authority: Rc<str>,
+    authority: Arc<str>,
+    endpoint: Arc<EndpointState>,
     reused: bool,
 }
 
+impl Drop for UpConn {
+    fn drop(&mut self) {
+        self.endpoint.close_connection();
+    }
+}
+
 impl UpConn {
-    /// Wraps a freshly connected stream to `addr`, whose Host value is `authority`.
-    pub fn new(stream: TcpStream, addr: SocketAddr, authority: Rc<str>) -> Self {
+    /// Wraps a freshly connected stream to `addr`, whose Host value is `authority`; the
+    /// connection slot it took on `endpoint` is given back when it drops.
+    pub fn new(
+        stream: TcpStream,
+        addr: SocketAddr,
+        authority: Arc<str>,
+        endpoint: Arc<EndpointState>,
+    ) -> Self {
         let fd = stream.as_raw_fd();
         let (read, write) = stream.into_split();
         UpConn {
@@ -40,6 +54,7 @@ impl UpConn {
             fd,
             addr,
             authority,
+            endpoint,
             reused: false,
         }
     }
@@ -52,6 +67,11 @@ impl UpConn {
     /// The Host value for requests on this connection.
     pub fn authority(&self) -> &str {
         &self.authority
+    }
+
+    /// Whether this is a connection to the endpoint whose state is `state`.
+    pub fn belongs_to(&self, state: &Arc<EndpointState>) -> bool {
+        Arc::ptr_eq(&self.endpoint, state)
     }
 
     /// Whether this connection served an earlier request.
@@ -107,6 +127,13 @@ impl IdlePool {
             self.idle.pop_front();
         }
         self.idle.push_back((conn, now));
+    }
+
+    /// Closes the oldest connections beyond `max`.
+    pub fn trim(&mut self, max: usize) {
+        while self.idle.len() > max {
+            self.idle.pop_front();
+        }
     }
 
     /// Closes connections idle for `idle_timeout` or longer.

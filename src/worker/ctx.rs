@@ -28,7 +28,7 @@ use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
 use crate::route::{Action, PathRewrite};
 use crate::shared::{Published, Shared};
-use crate::upstream::{UpConn, UpstreamRt};
+use crate::upstream::{UpConn, UpstreamRt, UpstreamState};
 
 /// Slack added to `max_head_bytes` for a block: the rewritten request head carries a few
 /// more fields (X-Forwarded-For, X-Real-IP, X-Request-Id) than the one received.
@@ -85,13 +85,15 @@ impl CoreGen {
             .enumerate()
             .map(|(i, cfg)| {
                 let eps = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
-                let rt = UpstreamRt::new(cfg, eps, worker);
-                if let Some(prev) = previous {
-                    if let Some(j) = prev.gen.upstreams.iter().position(|u| u.name == cfg.name) {
-                        rt.adopt_idle(&prev.upstreams[j]);
-                    }
-                }
-                rt
+                let state = published.upstreams.get(i).cloned().unwrap_or_else(|| {
+                    // invariant: `Published::new` builds one state per upstream.
+                    Arc::new(UpstreamState::new(&cfg.name, 1))
+                });
+                let prev = previous.and_then(|p| {
+                    let j = p.gen.upstreams.iter().position(|u| u.name == cfg.name)?;
+                    p.upstreams.get(j)
+                });
+                UpstreamRt::new(cfg, state, eps, worker, prev)
             })
             .collect();
         let captures = gen
@@ -174,6 +176,7 @@ pub struct Worker {
     draining: Cell<bool>,
     active: Cell<usize>,
     clock: Cell<Instant>,
+    ticks: Cell<u64>,
     date: RefCell<(u64, [u8; DATE_LEN])>,
 }
 
@@ -198,6 +201,7 @@ impl Worker {
             draining: Cell::new(false),
             active: Cell::new(0),
             clock: Cell::new(Instant::now()),
+            ticks: Cell::new(0),
             date: RefCell::new((0, [0; DATE_LEN])),
             shared,
         };
@@ -242,6 +246,11 @@ impl Worker {
     /// the request path never reads the system clock (timeouts are accurate to a tick).
     pub fn now(&self) -> Instant {
         self.clock.get()
+    }
+
+    /// The coarse clock in milliseconds since the server's epoch (ejections, breaker).
+    pub fn now_ms(&self) -> u64 {
+        self.shared.millis(self.clock.get())
     }
 
     /// Tracks a new accept loop.
@@ -355,8 +364,14 @@ impl Worker {
             }
         }
         let now = self.now();
+        let ticks = self.ticks.get().wrapping_add(1);
+        self.ticks.set(ticks);
+        let second = self.shared.millis(now) / 1000;
+        // Latency histograms are copied out about once a second (40 ticks of 25 ms).
+        let publish_latency = ticks % 40 == 0;
         for up in &self.current().upstreams {
             up.reap(now);
+            up.tick(second, publish_latency);
         }
         let mut new_sockets = Vec::new();
         while let Ok(cmd) = self.commands.try_recv() {

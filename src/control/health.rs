@@ -1,0 +1,249 @@
+//! Active health checks, off the request path.
+//!
+//! One control-side thread (`ringway-health`) probes every endpoint of every upstream with a
+//! `health_check`: `GET path` over a new connection, healthy when the status is the expected
+//! one (any 2xx by default) within the timeout. After `unhealthy_threshold` failures in a row
+//! the endpoint's shared `healthy` flag goes down, after `healthy_threshold` successes in a row
+//! it comes back (and any passive-health ejection is lifted: the endpoint proved itself).
+//! Workers read the flag with one relaxed load when they pick.
+//!
+//! Probes block (std sockets with timeouts), so they run on their own thread rather than on
+//! the control loop, where they would hold up reloads; the probes due in one round run in
+//! parallel on scoped threads, so one slow endpoint delays no other by more than its timeout.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::HealthCheckConfig;
+use crate::shared::Shared;
+use crate::upstream::state::EndpointState;
+
+/// How often the thread looks for probes that are due.
+const ROUND: Duration = Duration::from_millis(50);
+
+/// Longest status line read from a probe's response.
+const MAX_STATUS_LINE: usize = 1024;
+
+/// One endpoint's probe history.
+#[derive(Debug)]
+struct Track {
+    state: Arc<EndpointState>,
+    next_due: Instant,
+    successes: u32,
+    failures: u32,
+}
+
+/// Runs health checks until `stop` is set.
+pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut tracks: HashMap<usize, Track> = HashMap::new();
+    while !stop.load(Ordering::Acquire) && !shared.is_draining() {
+        let published = shared.published.load_full();
+        let now = Instant::now();
+        let mut due: Vec<(usize, SocketAddr, Arc<str>, HealthCheckConfig, String)> = Vec::new();
+        let mut seen = Vec::new();
+        for (i, cfg) in published.gen.upstreams.iter().enumerate() {
+            let endpoints = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
+            let Some(hc) = &cfg.health_check else {
+                // Checks removed by a reload: nothing vouches against these endpoints now.
+                for ep in endpoints {
+                    ep.state.healthy.store(true, Ordering::Relaxed);
+                }
+                continue;
+            };
+            for ep in endpoints {
+                let key = Arc::as_ptr(&ep.state) as usize;
+                seen.push(key);
+                let t = tracks.entry(key).or_insert_with(|| Track {
+                    state: ep.state.clone(),
+                    next_due: now,
+                    successes: 0,
+                    failures: 0,
+                });
+                if now >= t.next_due {
+                    t.next_due = now + hc.interval;
+                    due.push((
+                        key,
+                        ep.addr,
+                        ep.authority.clone(),
+                        hc.clone(),
+                        cfg.name.clone(),
+                    ));
+                }
+            }
+        }
+        tracks.retain(|k, _| seen.contains(k));
+
+        if !due.is_empty() {
+            let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|s| {
+                let handles: Vec<_> = due
+                    .iter()
+                    .map(|(key, addr, authority, hc, _)| {
+                        (*key, s.spawn(move || probe(*addr, authority, hc)))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(key, h)| {
+                        let r = h
+                            .join()
+                            .unwrap_or_else(|_| Err("health probe panicked".into()));
+                        (key, r)
+                    })
+                    .collect()
+            });
+            for ((key, result), (_, addr, _, hc, name)) in results.into_iter().zip(&due) {
+                if let Some(t) = tracks.get_mut(&key) {
+                    apply(t, result, hc, name, *addr);
+                }
+            }
+        }
+        #[allow(clippy::disallowed_methods)] // the health thread is not a worker
+        std::thread::sleep(ROUND);
+    }
+}
+
+/// Folds one probe result into the endpoint's run and flips its health at the thresholds.
+fn apply(
+    t: &mut Track,
+    result: Result<(), String>,
+    hc: &HealthCheckConfig,
+    upstream: &str,
+    addr: SocketAddr,
+) {
+    let healthy = t.state.healthy.load(Ordering::Relaxed);
+    match result {
+        Ok(()) => {
+            t.failures = 0;
+            t.successes = t.successes.saturating_add(1);
+            if !healthy && t.successes >= hc.healthy_threshold {
+                t.state.healthy.store(true, Ordering::Relaxed);
+                t.state.ejected_until.store(0, Ordering::Relaxed);
+                t.state.consecutive_failures.store(0, Ordering::Relaxed);
+                tracing::info!(upstream, endpoint = %addr, "endpoint healthy again");
+            }
+        }
+        Err(why) => {
+            t.successes = 0;
+            t.failures = t.failures.saturating_add(1);
+            if healthy && t.failures >= hc.unhealthy_threshold {
+                t.state.healthy.store(false, Ordering::Relaxed);
+                tracing::warn!(upstream, endpoint = %addr, reason = %why, "endpoint unhealthy");
+            } else {
+                tracing::debug!(upstream, endpoint = %addr, reason = %why, "health probe failed");
+            }
+        }
+    }
+}
+
+/// One probe: `GET path` on a new connection; Ok when the status is the expected one.
+fn probe(addr: SocketAddr, authority: &str, hc: &HealthCheckConfig) -> Result<(), String> {
+    let deadline = Instant::now() + hc.timeout;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| "timed out".to_string())
+    };
+    let mut s = TcpStream::connect_timeout(&addr, hc.timeout).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(left()?))
+        .map_err(|e| e.to_string())?;
+    let req = format!(
+        "GET {} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: ringway-health-check\r\nConnection: close\r\n\r\n",
+        hc.path
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; MAX_STATUS_LINE];
+    let mut len = 0;
+    let line_end = loop {
+        if let Some(i) = buf[..len].windows(2).position(|w| w == b"\r\n") {
+            break i;
+        }
+        if len == buf.len() {
+            return Err("status line too long".into());
+        }
+        s.set_read_timeout(Some(left()?))
+            .map_err(|e| e.to_string())?;
+        match s.read(&mut buf[len..]) {
+            Ok(0) => return Err("closed before a status line".into()),
+            Ok(n) => len += n,
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    let status = parse_status(&buf[..line_end]).ok_or("invalid status line")?;
+    let ok = if hc.expect_status == 0 {
+        (200..300).contains(&status)
+    } else {
+        status == hc.expect_status
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("status {status}"))
+    }
+}
+
+/// The status code of an `HTTP/1.x NNN reason` line.
+fn parse_status(line: &[u8]) -> Option<u16> {
+    let rest = line
+        .strip_prefix(b"HTTP/1.1 ")
+        .or_else(|| line.strip_prefix(b"HTTP/1.0 "))?;
+    let digits = rest.get(..3)?;
+    if !digits.iter().all(u8::is_ascii_digit) || rest.get(3).is_some_and(|&b| b != b' ') {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines() {
+        assert_eq!(parse_status(b"HTTP/1.1 200 OK"), Some(200));
+        assert_eq!(parse_status(b"HTTP/1.0 503"), Some(503));
+        assert_eq!(parse_status(b"HTTP/1.1 20 OK"), None);
+        assert_eq!(parse_status(b"HTTP/2 200"), None);
+        assert_eq!(parse_status(b"HTTP/1.1 2000"), None);
+    }
+
+    #[test]
+    fn thresholds_flip_health_and_lift_ejection() {
+        let state = Arc::new(EndpointState::new(
+            "127.0.0.1:1".parse().unwrap(),
+            Arc::from("a:1"),
+            1,
+        ));
+        let hc = HealthCheckConfig {
+            path: "/".into(),
+            expect_status: 0,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+        };
+        let mut t = Track {
+            state: state.clone(),
+            next_due: Instant::now(),
+            successes: 0,
+            failures: 0,
+        };
+        let addr = state.addr;
+        for _ in 0..2 {
+            apply(&mut t, Err("x".into()), &hc, "up", addr);
+        }
+        assert!(state.healthy.load(Ordering::Relaxed), "2 failures < 3");
+        apply(&mut t, Err("x".into()), &hc, "up", addr);
+        assert!(!state.healthy.load(Ordering::Relaxed));
+        state.ejected_until.store(u64::MAX, Ordering::Relaxed);
+        apply(&mut t, Ok(()), &hc, "up", addr);
+        assert!(!state.healthy.load(Ordering::Relaxed), "1 success < 2");
+        apply(&mut t, Ok(()), &hc, "up", addr);
+        assert!(state.healthy.load(Ordering::Relaxed));
+        assert_eq!(state.ejected_until.load(Ordering::Relaxed), 0);
+    }
+}

@@ -1,0 +1,653 @@
+//! Cross-core upstream state: the few atomics every worker must agree on.
+//!
+//! Ownership: built by the control thread (at start and on reloads, kept by upstream name and
+//! endpoint address so state survives reloads and DNS changes), shared through `Arc` with every
+//! worker. Each field says why it is cross-core. Hot-path cost: reads are relaxed loads; writes
+//! happen on failures, connection opens/closes and half-open probes, not on every success.
+//!
+//! Times are milliseconds since the server's epoch (`Shared::epoch`), from the worker's coarse
+//! clock.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+use hdrhistogram::Histogram;
+
+use crate::config::{BreakerConfig, OutlierConfig, RateLimitConfig};
+
+/// Failure classes, as counted in metrics and fed to passive health and the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// The connection could not be made (refused, unreachable, connect timeout).
+    Connect,
+    /// No response head within the (per-try) response timeout.
+    Timeout,
+    /// The connection closed or was reset before a complete response head.
+    Reset,
+    /// The response was not valid HTTP.
+    Invalid,
+    /// A 5xx response.
+    Status5xx,
+    /// The response body was cut short (closed, reset or stalled mid-body).
+    MidBody,
+}
+
+impl FailureClass {
+    /// Every class, in metric index order.
+    pub const ALL: [FailureClass; 6] = [
+        FailureClass::Connect,
+        FailureClass::Timeout,
+        FailureClass::Reset,
+        FailureClass::Invalid,
+        FailureClass::Status5xx,
+        FailureClass::MidBody,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureClass::Connect => "connect",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Reset => "reset",
+            FailureClass::Invalid => "invalid",
+            FailureClass::Status5xx => "5xx",
+            FailureClass::MidBody => "mid_body",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One worker's counters for one endpoint (single writer: that worker; read at scrape).
+#[derive(Debug, Default)]
+pub struct EndpointStats {
+    /// Attempts sent to this endpoint.
+    pub requests: AtomicU64,
+    /// Failed attempts, by [`FailureClass`].
+    pub failures: [AtomicU64; 6],
+    /// Attempts in flight on this worker now (a gauge).
+    pub in_flight: AtomicU64,
+}
+
+impl EndpointStats {
+    /// Counts a failure of `class`.
+    pub fn failure(&self, class: FailureClass) {
+        crate::observe::metrics::add(&self.failures[class.index()], 1);
+    }
+}
+
+/// One worker's counters for one upstream (single writer: that worker; read at scrape).
+#[derive(Debug, Default)]
+pub struct UpstreamStats {
+    /// Requests forwarded to this upstream (first attempts).
+    pub requests: AtomicU64,
+    /// Retries sent.
+    pub retries: AtomicU64,
+    /// Retries refused because the budget was spent.
+    pub budget_exhausted: AtomicU64,
+    /// Requests refused because the circuit was open.
+    pub circuit_open: AtomicU64,
+    /// Requests refused by `max_pending` or a connection wait that timed out.
+    pub saturated: AtomicU64,
+    /// Attempts served on a pooled connection.
+    pub pool_hits: AtomicU64,
+    /// Attempts that opened a new connection.
+    pub pool_misses: AtomicU64,
+    /// Failed attempts, by [`FailureClass`].
+    pub failures: [AtomicU64; 6],
+    /// Endpoints this worker ejected.
+    pub ejections: AtomicU64,
+}
+
+impl UpstreamStats {
+    /// Counts a failure of `class`.
+    pub fn failure(&self, class: FailureClass) {
+        crate::observe::metrics::add(&self.failures[class.index()], 1);
+    }
+}
+
+/// Lowest and highest latency the histograms track, in microseconds.
+pub const LATENCY_RANGE_US: (u64, u64) = (1, 3_600_000_000);
+
+/// One endpoint's shared state.
+#[derive(Debug)]
+pub struct EndpointState {
+    /// Address.
+    pub addr: SocketAddr,
+    /// `host:port` as configured.
+    pub authority: Arc<str>,
+    /// Active health: flipped by the health checker after its thresholds.
+    pub healthy: AtomicBool,
+    /// Taken out of rotation by an operator (admin API); in-flight requests finish.
+    pub drained: AtomicBool,
+    /// Passive health: failures in a row, from any worker.
+    pub consecutive_failures: AtomicU32,
+    /// Ejected until this time (0: not ejected).
+    pub ejected_until: AtomicU64,
+    /// How many times it was ejected (the ejection time grows with it).
+    pub ejections: AtomicU32,
+    /// Open connections across workers, for the per-endpoint connection limit.
+    pub connections: AtomicU32,
+    /// GCRA theoretical arrival time (ns since epoch) of the per-endpoint token bucket.
+    bucket_tat: AtomicU64,
+    /// Per-worker counters: metrics must be summed on any core.
+    pub stats: Box<[CachePadded<EndpointStats>]>,
+}
+
+impl EndpointState {
+    /// A new endpoint, healthy and in rotation.
+    pub fn new(addr: SocketAddr, authority: Arc<str>, workers: usize) -> Self {
+        EndpointState {
+            addr,
+            authority,
+            healthy: AtomicBool::new(true),
+            drained: AtomicBool::new(false),
+            consecutive_failures: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            ejections: AtomicU32::new(0),
+            connections: AtomicU32::new(0),
+            bucket_tat: AtomicU64::new(0),
+            stats: (0..workers.max(1))
+                .map(|_| CachePadded::new(EndpointStats::default()))
+                .collect(),
+        }
+    }
+
+    /// Whether passive health has it ejected at `now_ms`.
+    pub fn ejected(&self, now_ms: u64) -> bool {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        until != 0 && now_ms < until
+    }
+
+    /// Records a success: resets the failure run (without a write when there is none).
+    pub fn record_success(&self) {
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a failure; ejects the endpoint when the run reaches the threshold and
+    /// `may_eject` (the upstream's ejection budget) allows. Returns whether it ejected.
+    pub fn record_failure(
+        &self,
+        cfg: &OutlierConfig,
+        now_ms: u64,
+        may_eject: impl FnOnce() -> bool,
+    ) -> bool {
+        let run = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if run < cfg.consecutive_failures || self.ejected(now_ms) || !may_eject() {
+            return false;
+        }
+        let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let base = cfg.base_ejection.as_millis() as u64;
+        let time = base
+            .saturating_mul(u64::from(n))
+            .min(cfg.max_ejection.as_millis() as u64);
+        self.ejected_until
+            .store(now_ms + time.max(1), Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        true
+    }
+
+    /// Takes a connection slot when under `max` (0: unlimited). The slot is given back by
+    /// [`EndpointState::close_connection`].
+    pub fn open_connection(&self, max: u32) -> bool {
+        if max == 0 {
+            self.connections.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        self.connections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c < max).then_some(c + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives a connection slot back.
+    pub fn close_connection(&self) {
+        let _ = self
+            .connections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c.saturating_sub(1))
+            });
+    }
+
+    /// Whether a new connection would be under `max` (0: unlimited).
+    pub fn has_connection_room(&self, max: u32) -> bool {
+        max == 0 || self.connections.load(Ordering::Relaxed) < max
+    }
+
+    /// Token bucket (GCRA on one word, exact across cores): whether a request may go now.
+    pub fn bucket_allows(&self, cfg: &RateLimitConfig, now_ns: u64) -> bool {
+        let tat = self.bucket_tat.load(Ordering::Relaxed);
+        tat <= now_ns + cfg.burst_ns()
+    }
+
+    /// Spends one token; false when the bucket is empty.
+    pub fn bucket_take(&self, cfg: &RateLimitConfig, now_ns: u64) -> bool {
+        let interval = cfg.interval_ns();
+        let limit = now_ns + cfg.burst_ns();
+        self.bucket_tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                let start = tat.max(now_ns);
+                (start <= limit).then_some(start + interval)
+            })
+            .is_ok()
+    }
+
+    /// In-flight attempts summed over workers.
+    pub fn in_flight_total(&self) -> u64 {
+        self.stats
+            .iter()
+            .map(|c| c.in_flight.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// This worker's counters (`worker` is always below the worker count the state was
+    /// built for; the modulo keeps a mismatch harmless).
+    pub fn stats(&self, worker: usize) -> &EndpointStats {
+        &self.stats[worker % self.stats.len()]
+    }
+}
+
+/// Circuit breaker state, as published in one word: `opened_at << 2 | state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Requests flow.
+    Closed,
+    /// Requests are refused until the open duration has passed.
+    Open,
+    /// A limited number of probe requests test the upstream.
+    HalfOpen,
+}
+
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+
+/// What the breaker says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Go ahead.
+    Allow,
+    /// Go ahead as a half-open probe (its outcome decides the state; its permit must be
+    /// returned through `record` or `release_probe`).
+    Probe,
+    /// Refused: the circuit is open for this many more seconds (at least 1).
+    Reject(u64),
+}
+
+/// One upstream's circuit breaker, shared by all workers.
+///
+/// ```text
+/// CLOSED --failures in a row >= threshold--> OPEN --open_duration passed--> HALF_OPEN
+/// HALF_OPEN --a probe succeeds--> CLOSED        HALF_OPEN --a probe fails--> OPEN
+/// ```
+/// Local rejections (caps, pending limits) are never recorded.
+#[derive(Debug, Default)]
+pub struct Breaker {
+    word: CachePadded<AtomicU64>,
+    failures: AtomicU32,
+    probes: AtomicU32,
+}
+
+impl Breaker {
+    /// The current state and when it opened.
+    pub fn state(&self) -> (BreakerState, u64) {
+        let w = self.word.load(Ordering::Relaxed);
+        let s = match w & 3 {
+            OPEN => BreakerState::Open,
+            HALF_OPEN => BreakerState::HalfOpen,
+            _ => BreakerState::Closed,
+        };
+        (s, w >> 2)
+    }
+
+    /// Whether a request may go, given the breaker config (disabled: always).
+    pub fn admit(&self, cfg: &BreakerConfig, now_ms: u64) -> Admit {
+        if cfg.failure_threshold == 0 {
+            return Admit::Allow;
+        }
+        let open_ms = cfg.open_duration.as_millis() as u64;
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            match w & 3 {
+                CLOSED => return Admit::Allow,
+                OPEN => {
+                    let opened = w >> 2;
+                    let elapsed = now_ms.saturating_sub(opened);
+                    if elapsed < open_ms {
+                        return Admit::Reject((open_ms - elapsed).div_ceil(1000).max(1));
+                    }
+                    // One worker moves it to half-open; everyone then competes for permits.
+                    if self
+                        .word
+                        .compare_exchange(
+                            w,
+                            (opened << 2) | HALF_OPEN,
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        self.probes.store(0, Ordering::Release);
+                    }
+                }
+                _ => {
+                    let taken =
+                        self.probes
+                            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |p| {
+                                (p < cfg.half_open_max).then_some(p + 1)
+                            });
+                    return if taken.is_ok() {
+                        Admit::Probe
+                    } else {
+                        Admit::Reject(1)
+                    };
+                }
+            }
+        }
+    }
+
+    /// Records the outcome of an admitted request.
+    pub fn record(&self, cfg: &BreakerConfig, admit: Admit, success: bool, now_ms: u64) {
+        if cfg.failure_threshold == 0 {
+            return;
+        }
+        match (admit, success) {
+            (Admit::Probe, true) => {
+                self.release_probe();
+                let w = self.word.load(Ordering::Acquire);
+                if w & 3 == HALF_OPEN {
+                    let _ =
+                        self.word
+                            .compare_exchange(w, CLOSED, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                self.failures.store(0, Ordering::Relaxed);
+            }
+            (Admit::Probe, false) => {
+                self.release_probe();
+                let w = self.word.load(Ordering::Acquire);
+                if w & 3 == HALF_OPEN {
+                    let _ = self.word.compare_exchange(
+                        w,
+                        (now_ms << 2) | OPEN,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+            (_, true) => {
+                if self.failures.load(Ordering::Relaxed) != 0 {
+                    self.failures.store(0, Ordering::Relaxed);
+                }
+            }
+            (_, false) => {
+                let run = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if run >= cfg.failure_threshold {
+                    let w = self.word.load(Ordering::Acquire);
+                    if w & 3 == CLOSED
+                        && self
+                            .word
+                            .compare_exchange(
+                                w,
+                                (now_ms << 2) | OPEN,
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                    {
+                        self.failures.store(0, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Returns a probe permit whose request ended without an outcome (client gone).
+    pub fn release_probe(&self) {
+        let _ = self
+            .probes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |p| {
+                Some(p.saturating_sub(1))
+            });
+    }
+}
+
+/// One upstream's shared state.
+#[derive(Debug)]
+pub struct UpstreamState {
+    /// Upstream name (the key across reloads).
+    pub name: String,
+    /// Circuit breaker: every worker must see one state and share the half-open probes.
+    pub breaker: Breaker,
+    /// Retries in progress across workers (the concurrent part of the retry budget).
+    pub active_retries: CachePadded<AtomicU32>,
+    /// Requests waiting for a connection across workers (`max_pending`).
+    pub pending: CachePadded<AtomicU32>,
+    /// Each worker's requests and retries in the budget window, published on its tick: the
+    /// budget is a ratio over all workers' traffic.
+    pub window: Box<[CachePadded<[AtomicU64; 2]>]>,
+    /// Per-worker counters (summed at scrape).
+    pub stats: Box<[CachePadded<UpstreamStats>]>,
+    /// Per-worker latency histograms in microseconds (time to the response head), as each
+    /// worker last published them (about once a second); merged at scrape.
+    pub latency: Box<[CachePadded<ArcSwap<Histogram<u64>>>]>,
+}
+
+impl UpstreamState {
+    /// State for upstream `name` on `workers` workers.
+    pub fn new(name: &str, workers: usize) -> Self {
+        let workers = workers.max(1);
+        UpstreamState {
+            name: name.to_string(),
+            breaker: Breaker::default(),
+            active_retries: CachePadded::new(AtomicU32::new(0)),
+            pending: CachePadded::new(AtomicU32::new(0)),
+            window: (0..workers)
+                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+                .collect(),
+            stats: (0..workers)
+                .map(|_| CachePadded::new(UpstreamStats::default()))
+                .collect(),
+            latency: (0..workers)
+                .map(|_| CachePadded::new(ArcSwap::from_pointee(new_histogram())))
+                .collect(),
+        }
+    }
+
+    /// This worker's counters.
+    pub fn stats(&self, worker: usize) -> &UpstreamStats {
+        &self.stats[worker % self.stats.len()]
+    }
+
+    /// Publishes a copy of `worker`'s histogram (the worker keeps recording into its own).
+    /// `spare` is the copy published the time before, reused when no scrape holds it any
+    /// more, so publishing does not allocate in steady state.
+    pub fn publish_latency(
+        &self,
+        worker: usize,
+        local: &Histogram<u64>,
+        spare: &mut Option<Arc<Histogram<u64>>>,
+    ) {
+        let copy = match spare.take() {
+            Some(mut arc) => match Arc::get_mut(&mut arc) {
+                Some(h) => {
+                    h.reset();
+                    // Same bounds: adding cannot fail or grow.
+                    let _ = h.add(local);
+                    arc
+                }
+                None => Arc::new(local.clone()),
+            },
+            None => Arc::new(local.clone()),
+        };
+        let old = self.latency[worker % self.latency.len()].swap(copy);
+        *spare = Some(old);
+    }
+
+    /// Every worker's last published histogram, merged.
+    pub fn merged_latency(&self) -> Histogram<u64> {
+        let mut all = new_histogram();
+        for slot in self.latency.iter() {
+            let _ = all.add(&**slot.load());
+        }
+        all
+    }
+
+    /// Retries in progress may grow by one (within `max`); the slot is returned through
+    /// [`UpstreamState::retry_done`].
+    pub fn retry_begin(&self, max: u32) -> bool {
+        self.active_retries
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Ends a retry begun with [`UpstreamState::retry_begin`].
+    pub fn retry_done(&self) {
+        let _ = self
+            .active_retries
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
+    /// Requests and retries in the budget window, summed over workers' published figures,
+    /// except worker `skip`'s (the caller adds its own, fresher counts).
+    pub fn window_totals(&self, skip: usize) -> (u64, u64) {
+        self.window
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != skip)
+            .fold((0, 0), |(r, t), (_, w)| {
+                (
+                    r + w[0].load(Ordering::Relaxed),
+                    t + w[1].load(Ordering::Relaxed),
+                )
+            })
+    }
+}
+
+/// Whether ejecting one more of `endpoints` keeps the ejected share within `max_percent`
+/// (at least one endpoint may always be ejected when there are two or more).
+pub fn may_eject<'a>(
+    endpoints: impl Iterator<Item = &'a EndpointState>,
+    max_percent: u32,
+    now_ms: u64,
+) -> bool {
+    let (mut n, mut ejected) = (0u64, 0u64);
+    for e in endpoints {
+        n += 1;
+        ejected += u64::from(e.ejected(now_ms));
+    }
+    let allowed = (u64::from(max_percent) * n / 100).max(u64::from(n > 1));
+    ejected < allowed
+}
+
+/// An empty latency histogram: two significant figures (about 1% resolution), a few KiB.
+pub fn new_histogram() -> Histogram<u64> {
+    // invariant: constant, valid bounds (low >= 1, high >= 2 * low, sigfig <= 5).
+    Histogram::new_with_bounds(LATENCY_RANGE_US.0, LATENCY_RANGE_US.1, 2)
+        .expect("constant histogram bounds are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn breaker_cfg() -> BreakerConfig {
+        BreakerConfig {
+            failure_threshold: 3,
+            open_duration: Duration::from_secs(10),
+            half_open_max: 2,
+        }
+    }
+
+    #[test]
+    fn breaker_cycle() {
+        let b = Breaker::default();
+        let cfg = breaker_cfg();
+        for _ in 0..2 {
+            assert_eq!(b.admit(&cfg, 0), Admit::Allow);
+            b.record(&cfg, Admit::Allow, false, 0);
+        }
+        b.record(&cfg, Admit::Allow, true, 0);
+        for _ in 0..3 {
+            b.record(&cfg, Admit::Allow, false, 1000);
+        }
+        assert_eq!(b.state().0, BreakerState::Open);
+        assert_eq!(b.admit(&cfg, 1000), Admit::Reject(10));
+        assert_eq!(b.admit(&cfg, 10_500), Admit::Reject(1));
+        // Half-open: exactly half_open_max probes.
+        assert_eq!(b.admit(&cfg, 11_000), Admit::Probe);
+        assert_eq!(b.admit(&cfg, 11_000), Admit::Probe);
+        assert_eq!(b.admit(&cfg, 11_000), Admit::Reject(1));
+        b.record(&cfg, Admit::Probe, false, 11_500);
+        assert_eq!(b.state(), (BreakerState::Open, 11_500));
+        b.release_probe();
+        assert_eq!(b.admit(&cfg, 21_500), Admit::Probe);
+        b.record(&cfg, Admit::Probe, true, 21_600);
+        assert_eq!(b.state().0, BreakerState::Closed);
+        assert_eq!(b.admit(&cfg, 21_600), Admit::Allow);
+        // Disabled.
+        let off = BreakerConfig {
+            failure_threshold: 0,
+            ..cfg
+        };
+        assert_eq!(Breaker::default().admit(&off, 0), Admit::Allow);
+    }
+
+    #[test]
+    fn ejection_grows_and_expires() {
+        let e = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 2);
+        let cfg = OutlierConfig {
+            consecutive_failures: 2,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(3),
+            max_ejection_percent: 100,
+            on_5xx: true,
+        };
+        assert!(!e.record_failure(&cfg, 0, || true));
+        assert!(e.record_failure(&cfg, 0, || true));
+        assert!(e.ejected(500) && !e.ejected(1000));
+        e.record_failure(&cfg, 2000, || true);
+        assert!(e.record_failure(&cfg, 2000, || true));
+        assert!(
+            e.ejected(3999) && !e.ejected(4000),
+            "second ejection lasts twice as long"
+        );
+        e.record_success();
+        assert!(
+            !e.record_failure(&cfg, 10_000, || false),
+            "the ejection budget refuses"
+        );
+    }
+
+    #[test]
+    fn connection_limit_and_bucket() {
+        let e = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 1);
+        assert!(e.open_connection(2) && e.open_connection(2));
+        assert!(!e.open_connection(2) && !e.has_connection_room(2));
+        e.close_connection();
+        assert!(e.has_connection_room(2));
+        let cfg = RateLimitConfig {
+            max_rps: 10,
+            burst: 2,
+        };
+        let mut taken = 0;
+        for _ in 0..10 {
+            taken += usize::from(e.bucket_take(&cfg, 0));
+        }
+        assert_eq!(taken, 3, "the burst plus the token due now");
+        assert!(!e.bucket_allows(&cfg, 0));
+        assert!(e.bucket_allows(&cfg, 200_000_000), "refilled at 10/s");
+    }
+}
