@@ -543,7 +543,7 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
         }
     );
     if let Some(a) = &gen.admin {
-        let _ = writeln!(out, "admin: {} (POST /-/reload)", a.address);
+        let _ = writeln!(out, "admin: {} (POST /-/reload, GET /-/upstreams, POST /-/upstreams/NAME/endpoints/ADDR/drain|undrain)", a.address);
     }
     let _ = writeln!(out, "listeners:");
     for l in &gen.listeners {
@@ -583,6 +583,37 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
             u.read_timeout,
             u.pool_max_idle,
             u.pool_idle_timeout
+        );
+        let r = &u.retries;
+        let _ = writeln!(
+            out,
+            "    balancer {}; retries {} attempt(s) on {}; breaker {}; passive health {}; active health {}",
+            u.balancer.name(),
+            r.attempts,
+            [
+                (r.retry_on.connect_failure, "connect_failure"),
+                (r.retry_on.reset, "reset"),
+                (r.retry_on.status_5xx, "5xx"),
+                (r.retry_on.gateway_error, "gateway_error"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join("+"),
+            if u.breaker.failure_threshold == 0 {
+                "off".to_string()
+            } else {
+                format!("after {} failures", u.breaker.failure_threshold)
+            },
+            u.outlier.as_ref().map_or("off".to_string(), |o| format!(
+                "eject after {} failures",
+                o.consecutive_failures
+            )),
+            u.health_check.as_ref().map_or("off".to_string(), |h| format!(
+                "GET {} every {:?}",
+                h.path, h.interval
+            )),
         );
     }
     let _ = writeln!(

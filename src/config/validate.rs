@@ -1155,6 +1155,76 @@ mod tests {
     const MIN: &str = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n";
 
     #[test]
+    fn upstream_resilience_keys_compile_and_refuse_bad_values() {
+        let up = |keys: &str| {
+            format!("{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\", {{ address = \"127.0.0.1:2\", weight = 3 }}]\n{keys}\n[[routes]]\npath_prefix = \"/\"\nproxy = \"u\"\npriority_class = 9\n")
+        };
+        let g = compile(&up(""), "t.toml").unwrap();
+        let u = &g.upstreams[0];
+        assert_eq!(u.balancer, BalancerConfig::P2cEwma);
+        assert_eq!(u.endpoints[1].weight, 3);
+        assert_eq!(
+            u.outlier,
+            Some(OutlierConfig::default()),
+            "passive health is on by default"
+        );
+        assert_eq!(
+            u.breaker.failure_threshold, 0,
+            "the breaker is off by default"
+        );
+        assert_eq!(u.retries, RetryPolicy::default());
+        assert_eq!(g.gateway.high_priority_reserve, 0, "no cap, no reserve");
+
+        let g = compile(
+            &format!("[gateway]\nmax_concurrent_requests = 25\n{}", up("balancer = { type = \"consistent_hash\", header = \"X-User\" }\noutlier = { consecutive_failures = 0 }\nretries = { attempts = 3, retry_on = [\"5xx\"], per_try_timeout = \"2s\" }")),
+            "t.toml",
+        )
+        .unwrap();
+        let u = &g.upstreams[0];
+        assert_eq!(
+            u.balancer,
+            BalancerConfig::ConsistentHash(HashKey::Header("x-user".into()))
+        );
+        assert_eq!(u.outlier, None);
+        assert_eq!(u.retries.attempts, 3);
+        assert!(u.retries.retry_on.status_5xx && !u.retries.retry_on.connect_failure);
+        assert_eq!(u.retries.per_try_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(
+            g.gateway.high_priority_reserve, 2,
+            "a tenth of 25, for priority_class 9"
+        );
+
+        for (keys, why) in [
+            ("balancer = \"fastest\"", "balancer must be"),
+            (
+                "balancer = { type = \"consistent_hash\" }",
+                "consistent_hash takes",
+            ),
+            (
+                "balancer = { type = \"cookie_hash\", header = \"x\" }",
+                "cookie_hash takes",
+            ),
+            ("retries = { retry_on = [\"always\"] }", "unknown retry_on"),
+            ("retries = { attempts = 0 }", "retries.attempts"),
+            ("retry_budget = { percent = 101 }", "retry_budget.percent"),
+            ("rate_limit = { max_rps = 0 }", "rate_limit.max_rps"),
+            ("health_check = { path = \"health\" }", "health_check.path"),
+            ("health_check = { expect_status = 42 }", "expect_status"),
+            (
+                "outlier = { max_ejection_percent = 150 }",
+                "max_ejection_percent",
+            ),
+            ("breaker = { half_open_max = 0 }", "half_open_max"),
+            ("retries = { colour = 1 }", "unknown field"),
+        ] {
+            let e = err(&up(keys));
+            assert!(e.to_string().contains(why), "{keys}: {e}");
+        }
+        let e = err(&format!("{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [{{ address = \"127.0.0.1:1\", weight = 0 }}]\n"));
+        assert!(e.to_string().contains("weight"), "{e}");
+    }
+
+    #[test]
     fn minimal_config_compiles_with_defaults() {
         let g = compile(MIN, "t.toml").unwrap();
         assert_eq!(g.workers, Workers::Auto);
