@@ -32,6 +32,22 @@ PORTS = {
     "nginx": 18082,
     "haproxy": 18083,
     "ringway-epoll": 18084,
+    "ringway-off": 18085,
+    "ringway-on": 18086,
+}
+
+# Resilience features for the on/off comparison (issue: p2c_ewma, breaker, retries and the cap
+# together must cost at most 5% more proxy CPU per request than all of them off).
+FEATURES = {
+    "ringway-off": {
+        "gateway": "",
+        "upstream": 'balancer = "round_robin"\noutlier = { consecutive_failures = 0 }\nretries = { attempts = 1 }\n',
+    },
+    "ringway-on": {
+        "gateway": "[gateway]\nmax_concurrent_requests = 100000\n",
+        "upstream": ('balancer = "p2c_ewma"\nbreaker = { failure_threshold = 5, open_duration = "30s", half_open_max = 2 }\n'
+                     'retries = { attempts = 3, retry_on = ["connect_failure", "reset", "gateway_error"] }\n'),
+    },
 }
 
 procs = []  # (name, Popen)
@@ -238,7 +254,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--duration", type=int, default=None, help="seconds per run")
     ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss")
-    ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll")
+    ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll",
+                    help="comma list of direct, ringway, nginx, haproxy, ringway-epoll, and ringway-off / "
+                         "ringway-on (resilience features off / on, for their cost)")
     ap.add_argument("--loadgen-cpu", type=int, default=0)
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--no-build", action="store_true")
@@ -271,10 +289,13 @@ def run_all(args, targets, scenarios, rounds, duration):
     assert wait_port(PORTS["origin"]), "origin did not start"
     running = {"direct": None}
 
-    def ringway_conf(port):
+    def ringway_conf(port, features=None):
         path = os.path.join(WORK, f"ringway-{port}.toml")
         with open(os.path.join(HERE, "ringway.toml")) as f:
             text = f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+        if features:
+            text = text.replace("[http]\n", features["gateway"] + "[http]\n")
+            text = text.replace("pool_max_idle = 1024\n", "pool_max_idle = 1024\n" + features["upstream"])
         with open(path, "w") as f:
             f.write(text)
         return path
@@ -293,6 +314,8 @@ def run_all(args, targets, scenarios, rounds, duration):
         port = PORTS.get(t)
         if t == "ringway":
             running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn"))
+        elif t in FEATURES:
+            running[t] = start(t, [rw, "--config", ringway_conf(port, FEATURES[t])], pc, env=dict(os.environ, RUST_LOG="warn"))
         elif t == "ringway-epoll":
             running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn", MONOIO_FORCE_LEGACY_DRIVER="1"))
         elif t == "nginx":
