@@ -86,7 +86,7 @@ fn every_golden_case_resolves_as_written() {
             Action::Proxy(p) => {
                 let mut out = Vec::new();
                 let mut locs = match &p.rewrite {
-                    ringway::route::PathRewrite::Regex(rw) => Some(rw.regex.capture_locations()),
+                    ringway::route::PathRewrite::Regex(rw) => Some(rw.scratch()),
                     _ => None,
                 };
                 rewrite_path(

@@ -162,3 +162,29 @@ fn respond_from_a_file_and_host_groups() {
     server.join();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn regex_routes_and_rewrites_see_bytes_above_0x7f() {
+    let (a, _) = two_origins();
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_regex = \"/admin/.*\"\npriority = 10\nrespond = {{ status = 403, body = \"denied\" }}\n\
+         [[routes]]\npath_regex = \"/files/[^/]+\"\npriority = 10\nproxy = \"a\"\n\
+         rewrite = {{ pattern = \"^/files/(.+)$\", replacement = \"/blob/$1\" }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+        a.addr
+    ));
+    let mut c = proxy.connect();
+    // Raw bytes above 0x7F: UTF-8 passes the parser and is matched byte by byte.
+    c.send(b"GET /admin/caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (403, "denied"));
+    c.send(b"GET /files/caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"a /blob/caf\xc3\xa9");
+    // A target that is not UTF-8 is refused before routing, so it cannot slip past either.
+    let mut c = proxy.connect();
+    c.send(b"GET /admin/\xff HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(c.read_response(false).unwrap().status, 400);
+}

@@ -683,7 +683,7 @@ pub fn describe_route(gen: &Generation, r: &crate::route::Route) -> String {
                     }
                 }
                 PathRewrite::Regex(rw) => {
-                    let _ = write!(s, ", rewrite {} => {}", rw.regex.as_str(), rw.replacement);
+                    let _ = write!(s, ", rewrite {} => {}", rw.pattern, rw.replacement);
                 }
             }
             if p.preserve_host {

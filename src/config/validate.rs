@@ -921,7 +921,8 @@ fn compile_path_match(
         }
         "path_template" => Template::parse(text).map(PathMatch::Template).map_err(bad),
         _ => {
-            regex_automata::meta::Regex::new(text)
+            crate::route::regex_builder()
+                .build(text)
                 .map_err(|e| bad(format!("invalid path_regex: {e}")))?;
             Ok(PathMatch::Regex(text.clone()))
         }

@@ -9,7 +9,19 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use regex_automata::meta;
-use regex_automata::{Input, PatternSet};
+use regex_automata::util::syntax;
+use regex_automata::{Input, MatchKind, PatternSet};
+
+/// The builder of every route and rewrite regex. Paths are bytes and may hold raw bytes of
+/// 0x80 and above, so the regexes work on bytes: `.` and negated classes match any byte (not
+/// only valid UTF-8, which would let `/admin/\xff` slip past `path_regex = "/admin/.*"`), and
+/// `\w`, `\d`, `\s` and case folding are ASCII.
+pub fn regex_builder() -> meta::Builder {
+    let mut b = meta::Regex::builder();
+    b.syntax(syntax::Config::new().unicode(false).utf8(false));
+    b.configure(meta::Config::new().utf8_empty(false));
+    b
+}
 
 /// Most `{param}` captures in one template.
 pub const MAX_PARAMS: usize = 8;
@@ -438,8 +450,12 @@ impl RegexGroup {
     pub fn new(patterns: &[(String, u32)]) -> Result<RegexGroup, String> {
         let anchored: Vec<String> = patterns.iter().map(|(p, _)| format!("^(?:{p})$")).collect();
         // MatchKind::All: an overlapping search reports every pattern that matches.
-        let set = meta::Regex::builder()
-            .configure(meta::Config::new().match_kind(regex_automata::MatchKind::All))
+        let set = regex_builder()
+            .configure(
+                meta::Config::new()
+                    .utf8_empty(false)
+                    .match_kind(MatchKind::All),
+            )
             .build_many(&anchored)
             .map_err(|e| e.to_string())?;
         Ok(RegexGroup {
@@ -458,10 +474,17 @@ impl RegexGroup {
         self.routes.is_empty()
     }
 
+    /// Search storage for one worker: with its own cache, a lookup neither locks nor
+    /// allocates (the regex's shared cache pool does both under contention).
+    pub fn cache(&self) -> meta::Cache {
+        self.set.create_cache()
+    }
+
     /// Fills `set` (sized with [`RegexGroup::len`]) with the patterns matching `path`.
-    pub fn matches(&self, path: &[u8], set: &mut PatternSet) {
+    pub fn matches(&self, path: &[u8], set: &mut PatternSet, cache: &mut meta::Cache) {
         set.clear();
-        self.set.which_overlapping_matches(&Input::new(path), set);
+        self.set
+            .which_overlapping_matches_with(cache, &Input::new(path), set);
     }
 }
 
@@ -565,10 +588,15 @@ mod tests {
         ])
         .unwrap();
         let mut set = PatternSet::new(g.len());
-        g.matches(b"/v1/users", &mut set);
+        let mut cache = g.cache();
+        g.matches(b"/v1/users", &mut set, &mut cache);
         let found: Vec<usize> = set.iter().map(|p| p.as_usize()).collect();
         assert_eq!(found, vec![0, 1]);
-        g.matches(b"/x/y", &mut set);
+        g.matches(b"/x/y", &mut set, &mut cache);
         assert!(set.is_empty(), "full matches only");
+        // Bytes, not UTF-8: a raw 0xFF byte is matched by `.`.
+        g.matches(b"/v1/\xff", &mut set, &mut cache);
+        let found: Vec<usize> = set.iter().map(|p| p.as_usize()).collect();
+        assert_eq!(found, vec![0]);
     }
 }

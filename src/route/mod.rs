@@ -28,9 +28,10 @@ use std::time::Duration;
 use regex_automata::PatternSet;
 
 pub use criteria::{Criteria, HeaderList, HeaderLookup, MediaType, ValueMatch};
+pub use matcher::regex_builder;
 use matcher::{FnvMap, Hit, PrefixTrie, RegexGroup, TemplateTrie};
 pub use matcher::{Params, Template};
-pub use rewrite::{rewrite_path, PathRewrite, RegexRewrite};
+pub use rewrite::{rewrite_path, PathRewrite, RegexRewrite, RewriteScratch};
 
 use crate::http1::head::split_host_port;
 
@@ -298,7 +299,8 @@ struct Candidate {
 pub struct Scratch {
     hits: Vec<Hit>,
     cands: Vec<Candidate>,
-    sets: Vec<Option<PatternSet>>,
+    /// Per host group with regex routes: the match set and this worker's search cache.
+    sets: Vec<Option<(PatternSet, regex_automata::meta::Cache)>>,
 }
 
 /// Routes compiled for lookup.
@@ -386,7 +388,11 @@ impl RouteTable {
             sets: self
                 .groups
                 .iter()
-                .map(|g| g.regex.as_ref().map(|r| PatternSet::new(r.len())))
+                .map(|g| {
+                    g.regex
+                        .as_ref()
+                        .map(|r| (PatternSet::new(r.len()), r.cache()))
+                })
                 .collect(),
         }
     }
@@ -462,8 +468,8 @@ impl RouteTable {
         }
         if let Some(regex) = &group.regex {
             if best.is_none_or(|(p, _)| group.regex_max_priority > p) {
-                if let Some(Some(set)) = scratch.sets.get_mut(g as usize) {
-                    regex.matches(req.path, set);
+                if let Some(Some((set, cache))) = scratch.sets.get_mut(g as usize) {
+                    regex.matches(req.path, set, cache);
                     for pid in set.iter() {
                         let route = &self.routes[regex.routes[pid.as_usize()] as usize];
                         if best.is_some_and(|(p, _)| route.priority <= p) {

@@ -2,9 +2,11 @@
 //! replacement expands `$1` / `${name}` from the pattern's groups and the route's `{param}`
 //! captures. The query string is never touched here (the caller keeps it).
 
-use regex::bytes::{CaptureLocations, Regex};
+use regex_automata::meta::{self, Regex};
+use regex_automata::util::captures::Captures;
+use regex_automata::Input;
 
-use super::matcher::Params;
+use super::matcher::{regex_builder, Params};
 
 /// A piece of a parsed replacement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,8 +21,10 @@ enum Part {
 /// A compiled `rewrite = { pattern, replacement }`.
 #[derive(Debug, Clone)]
 pub struct RegexRewrite {
-    /// The pattern (unanchored, as configured).
+    /// The pattern (unanchored, as configured; on bytes, see `matcher::regex_builder`).
     pub regex: Regex,
+    /// The pattern as configured.
+    pub pattern: String,
     /// The replacement as configured.
     pub replacement: String,
     parts: Vec<Part>,
@@ -29,7 +33,9 @@ pub struct RegexRewrite {
 impl RegexRewrite {
     /// Compiles a rewrite; the error says what is wrong.
     pub fn new(pattern: &str, replacement: &str) -> Result<RegexRewrite, String> {
-        let regex = Regex::new(pattern).map_err(|e| format!("invalid rewrite pattern: {e}"))?;
+        let regex = regex_builder()
+            .build(pattern)
+            .map_err(|e| format!("invalid rewrite pattern: {e}"))?;
         if replacement
             .bytes()
             .any(|b| b <= b' ' || b == 0x7f || b == b'?' || b == b'#')
@@ -41,10 +47,27 @@ impl RegexRewrite {
         }
         Ok(RegexRewrite {
             regex,
+            pattern: pattern.to_string(),
             replacement: replacement.to_string(),
             parts: parse_replacement(replacement.as_bytes()),
         })
     }
+
+    /// Search storage for one worker (a cache and capture slots), so a rewrite neither locks
+    /// nor allocates.
+    pub fn scratch(&self) -> RewriteScratch {
+        RewriteScratch {
+            cache: self.regex.create_cache(),
+            caps: self.regex.create_captures(),
+        }
+    }
+}
+
+/// A worker's search storage for one regex rewrite (see [`RegexRewrite::scratch`]).
+#[derive(Debug, Clone)]
+pub struct RewriteScratch {
+    cache: meta::Cache,
+    caps: Captures,
 }
 
 fn is_ident(b: u8) -> bool {
@@ -113,13 +136,13 @@ pub enum PathRewrite {
 
 /// Writes the rewritten `path` into `out` (cleared first). `params` are the template captures
 /// of this request (with `param_names` from its route); `locs` is reusable capture storage for
-/// a regex rewrite (from `Regex::capture_locations`).
+/// a regex rewrite (from [`RegexRewrite::scratch`]).
 pub fn rewrite_path(
     rewrite: &PathRewrite,
     path: &[u8],
     params: &Params,
     param_names: &[Box<str>],
-    locs: Option<&mut CaptureLocations>,
+    scratch: Option<&mut RewriteScratch>,
     out: &mut Vec<u8>,
 ) {
     out.clear();
@@ -145,11 +168,13 @@ pub fn rewrite_path(
             }
         }
         PathRewrite::Regex(rw) => {
-            let Some(locs) = locs else {
+            let Some(RewriteScratch { cache, caps }) = scratch else {
                 out.extend_from_slice(path);
                 return;
             };
-            let Some(m) = rw.regex.captures_read(locs, path) else {
+            rw.regex
+                .search_captures_with(cache, &Input::new(path), caps);
+            let Some(m) = caps.get_match() else {
                 // A rewrite that does not apply leaves the path as it was.
                 out.extend_from_slice(path);
                 return;
@@ -159,18 +184,13 @@ pub fn rewrite_path(
                 match part {
                     Part::Literal(l) => out.extend_from_slice(l),
                     Part::Index(n) => {
-                        if let Some((s, e)) = locs.get(*n) {
-                            out.extend_from_slice(&path[s..e]);
+                        if let Some(span) = caps.get_group(*n) {
+                            out.extend_from_slice(&path[span.range()]);
                         }
                     }
                     Part::Name(name) => {
-                        let group = rw
-                            .regex
-                            .capture_names()
-                            .position(|n| n == Some(&**name))
-                            .and_then(|i| locs.get(i));
-                        if let Some((s, e)) = group {
-                            out.extend_from_slice(&path[s..e]);
+                        if let Some(span) = caps.get_group_by_name(name) {
+                            out.extend_from_slice(&path[span.range()]);
                         } else if let Some(v) = params.value(path, param_names, name) {
                             out.extend_from_slice(v);
                         }
@@ -191,8 +211,8 @@ mod tests {
 
     fn run(rw: &PathRewrite, path: &str) -> String {
         let mut out = Vec::new();
-        let mut locs = match rw {
-            PathRewrite::Regex(r) => Some(r.regex.capture_locations()),
+        let mut scratch = match rw {
+            PathRewrite::Regex(r) => Some(r.scratch()),
             _ => None,
         };
         rewrite_path(
@@ -200,7 +220,7 @@ mod tests {
             path.as_bytes(),
             &Params::default(),
             &[],
-            locs.as_mut(),
+            scratch.as_mut(),
             &mut out,
         );
         String::from_utf8(out).unwrap()

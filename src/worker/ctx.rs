@@ -19,14 +19,12 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use regex::bytes::CaptureLocations;
-
 use super::event::Event;
 use crate::buf::{Block, BufPool};
 use crate::config::Generation;
 use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
-use crate::route::{Action, PathRewrite};
+use crate::route::{Action, PathRewrite, RewriteScratch};
 use crate::shared::{Published, Shared};
 use crate::upstream::{UpConn, UpstreamRt, UpstreamState};
 
@@ -60,7 +58,7 @@ pub struct Scratch {
     /// The rewritten path of the request being forwarded, or a redirect's Location.
     pub text: Vec<u8>,
     /// Capture storage of each route's regex rewrite (by route index).
-    pub captures: Vec<Option<CaptureLocations>>,
+    pub captures: Vec<Option<RewriteScratch>>,
 }
 
 /// A worker's view of one generation.
@@ -102,7 +100,7 @@ impl CoreGen {
             .iter()
             .map(|r| match &r.action {
                 Action::Proxy(p) => match &p.rewrite {
-                    PathRewrite::Regex(rw) => Some(rw.regex.capture_locations()),
+                    PathRewrite::Regex(rw) => Some(rw.scratch()),
                     _ => None,
                 },
                 _ => None,
