@@ -304,10 +304,13 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
         1..MAX_HEADERS_HARD_LIMIT as u64,
         "http.max_headers",
     )? as usize;
+    // Route matching keeps path offsets in 16 bits: a request line (and so a path) never
+    // exceeds 65,535 bytes, so no route is ever skipped for a long path (414 comes first).
+    let line_cap = max_head_bytes.min(crate::route::MAX_PATH_BYTES);
     let max_request_line_bytes = ctx.int(
         &h.max_request_line_bytes,
-        (d.limits.max_request_line_bytes.min(max_head_bytes)) as u64,
-        64..max_head_bytes as u64,
+        (d.limits.max_request_line_bytes.min(line_cap)) as u64,
+        64..line_cap as u64,
         "http.max_request_line_bytes",
     )? as usize;
     let max_request_body_bytes = match ctx.int(
@@ -1154,6 +1157,20 @@ mod tests {
     }
 
     const MIN: &str = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n";
+
+    #[test]
+    fn request_lines_are_capped_at_what_routing_handles() {
+        let e = err(&format!(
+            "{MIN}[http]\nmax_head_bytes = 1048576\nmax_request_line_bytes = 70000\n"
+        ));
+        assert!(e.to_string().contains("65535"), "{e}");
+        let g = compile(
+            &format!("{MIN}[http]\nmax_head_bytes = 1048576\nmax_request_line_bytes = 65535\n"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(g.http.limits.max_request_line_bytes, 65535);
+    }
 
     #[test]
     fn upstream_resilience_keys_compile_and_refuse_bad_values() {

@@ -12,10 +12,13 @@ use regex_automata::meta;
 use regex_automata::util::syntax;
 use regex_automata::{Input, MatchKind, PatternSet};
 
-/// The builder of every route and rewrite regex. Paths are bytes and may hold raw bytes of
-/// 0x80 and above, so the regexes work on bytes: `.` and negated classes match any byte (not
-/// only valid UTF-8, which would let `/admin/\xff` slip past `path_regex = "/admin/.*"`), and
-/// `\w`, `\d`, `\s` and case folding are ASCII.
+/// Longest path routing handles: capture offsets are 16-bit. `http.max_request_line_bytes`
+/// cannot be configured above it.
+pub const MAX_PATH_BYTES: usize = u16::MAX as usize;
+
+/// The builder of every route and rewrite regex. Paths are bytes and may hold bytes of 0x80
+/// and above (UTF-8), so the regexes work on bytes: `.` and negated classes match any byte,
+/// and `\w`, `\d`, `\s` and case folding are ASCII.
 pub fn regex_builder() -> meta::Builder {
     let mut b = meta::Regex::builder();
     b.syntax(syntax::Config::new().unicode(false).utf8(false));
@@ -253,7 +256,9 @@ impl TemplateTrie {
     /// Every template route matching `path`, most specific first (a literal segment beats a
     /// parameter, which beats a rest), pushed onto `out`.
     pub fn matches(&self, path: &[u8], out: &mut Vec<Hit>) {
-        if path.first() != Some(&b'/') || path.len() > u16::MAX as usize {
+        // invariant: paths are at most MAX_PATH_BYTES (http.max_request_line_bytes is capped
+        // there), so the length check never skips a route a request could reach.
+        if path.first() != Some(&b'/') || path.len() > MAX_PATH_BYTES {
             return;
         }
         let mut stack = Params {

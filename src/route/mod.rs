@@ -28,7 +28,7 @@ use std::time::Duration;
 use regex_automata::PatternSet;
 
 pub use criteria::{Criteria, HeaderList, HeaderLookup, MediaType, ValueMatch};
-pub use matcher::regex_builder;
+pub use matcher::{regex_builder, MAX_PATH_BYTES};
 use matcher::{FnvMap, Hit, PrefixTrie, RegexGroup, TemplateTrie};
 pub use matcher::{Params, Template};
 pub use rewrite::{rewrite_path, PathRewrite, RegexRewrite, RewriteScratch};
