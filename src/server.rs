@@ -167,7 +167,7 @@ impl Server {
         let stop_control = Arc::new(AtomicBool::new(false));
         let (commands, commands_rx) = mpsc::channel::<Command>();
         let control = {
-            let state = Control::new(shared.clone(), worker_txs, head_block);
+            let state = Control::new(shared.clone(), worker_txs, head_block, &addrs);
             let stop = stop_control.clone();
             std::thread::Builder::new()
                 .name("ringway-control".into())

@@ -179,6 +179,51 @@ fn listeners_are_added_and_removed_live() {
 }
 
 #[test]
+fn a_removed_port_0_listener_stops_and_an_add_undone_at_once_never_listens() {
+    let dir = Dir::new("listeners-port0");
+    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    // Replace the `127.0.0.1:0` listener (bound to `addr`) by a fixed port.
+    let fixed = closed_port();
+    let moved = BASE.replace(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n",
+        &format!("[[listeners]]\naddress = \"{fixed}\"\n"),
+    );
+    assert!(moved.contains(&fixed.to_string()), "{moved}");
+    dir.write(&format!("{moved}{}", respond_route("/", "hi")));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    assert!(wait_until(Duration::from_secs(2), || TcpStream::connect(
+        fixed
+    )
+    .is_ok()));
+    assert!(
+        wait_until(Duration::from_secs(2), || TcpStream::connect(addr).is_err()),
+        "the port-0 listener was removed but still accepts"
+    );
+
+    // Add a listener and remove it again before the workers' next tick.
+    let brief = closed_port();
+    let with_brief = format!(
+        "{moved}[[listeners]]\naddress = \"{brief}\"\n{}",
+        respond_route("/", "hi")
+    );
+    for _ in 0..3 {
+        dir.write(&with_brief);
+        server.reload_handle().reload_and_wait().unwrap();
+        dir.write(&format!("{moved}{}", respond_route("/", "hi")));
+        let g = server.reload_handle().reload_and_wait().unwrap();
+        assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            TcpStream::connect(brief).is_err(),
+            "a listener undone at once still accepts"
+        );
+    }
+    server.shutdown();
+    server.join();
+}
+
+#[test]
 fn an_in_flight_request_finishes_on_the_generation_it_started_with() {
     let origin = Origin::start(|_| {
         Reply::Delay(

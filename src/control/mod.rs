@@ -146,17 +146,22 @@ pub struct Control {
     workers: Vec<Sender<WorkerCommand>>,
     /// Head block size the workers were started with (a larger head limit needs a restart).
     head_block_limit: usize,
+    /// Each listener's configured address and the address it is bound to (they differ for
+    /// port 0): workers know their sockets by the bound one.
+    bound: Vec<(SocketAddr, SocketAddr)>,
     file_stamp: Option<FileStamp>,
     file_hash: Option<u64>,
 }
 
 impl Control {
     /// The control state for a server started from `shared`'s generation; `workers` carry
-    /// listener changes to each worker.
+    /// listener changes to each worker; `bound` holds each listener's bound address, in the
+    /// generation's listener order.
     pub fn new(
         shared: Arc<Shared>,
         workers: Vec<Sender<WorkerCommand>>,
         head_block_limit: usize,
+        bound: &[SocketAddr],
     ) -> Control {
         let gen = shared.published.load().gen.clone();
         let source = (!gen.source.starts_with('<')).then(|| PathBuf::from(&gen.source));
@@ -170,6 +175,12 @@ impl Control {
             source,
             workers,
             head_block_limit,
+            bound: gen
+                .listeners
+                .iter()
+                .zip(bound)
+                .map(|(l, b)| (l.address, *b))
+                .collect(),
             file_stamp,
             file_hash,
         }
@@ -244,7 +255,10 @@ impl Control {
             .iter()
             .filter(|l| !old.listeners.iter().any(|o| o.address == l.address))
         {
-            added.push(bind_group(l.address, workers, l.backlog).map_err(|e| e.to_string())?);
+            added.push((
+                bind_group(l.address, workers, l.backlog).map_err(|e| e.to_string())?,
+                l.address,
+            ));
         }
         let removed: Vec<SocketAddr> = old
             .listeners
@@ -256,13 +270,19 @@ impl Control {
         let number = current.number + 1;
         self.shared
             .publish(Published::new(number, Arc::new(gen), endpoints, &book));
-        for group in added {
+        for (group, configured) in added {
+            self.bound.push((configured, group.addr));
             tracing::info!(listener = %group.addr, "listener added");
             for (tx, socket) in self.workers.iter().zip(group.sockets) {
                 let _ = tx.send(WorkerCommand::Listen(socket));
             }
         }
-        for addr in removed {
+        for configured in removed {
+            let addr = self
+                .bound
+                .iter()
+                .position(|(c, _)| *c == configured)
+                .map_or(configured, |i| self.bound.swap_remove(i).1);
             tracing::info!(listener = %addr, "listener removed; its open connections finish");
             for tx in &self.workers {
                 let _ = tx.send(WorkerCommand::Unlisten(addr));

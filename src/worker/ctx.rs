@@ -376,6 +376,10 @@ impl Worker {
             match cmd {
                 WorkerCommand::Listen(s) => new_sockets.push(s),
                 WorkerCommand::Unlisten(addr) => {
+                    // A socket added by an earlier reload in this same tick never starts.
+                    new_sockets.retain(|s: &std::net::TcpListener| {
+                        s.local_addr().map_or(true, |a| a != addr)
+                    });
                     self.listeners.borrow_mut().retain(|l| {
                         if l.addr == addr {
                             l.stop();
