@@ -23,11 +23,21 @@ pub use validate::{compile, parse_duration};
 /// Where the default config lives, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/ringway.toml";
 
+/// A fingerprint of a config text (within one process).
+pub fn hash_text(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
 /// A validated, compiled configuration.
 #[derive(Debug, Clone)]
 pub struct Generation {
     /// Where it was read from (for messages), e.g. `config/ringway.toml`.
     pub source: String,
+    /// [`hash_text`] of the text it was compiled from (the file watch compares it).
+    pub text_hash: u64,
     /// Worker threads to run.
     pub workers: Workers,
     /// How workers are pinned to CPUs.

@@ -272,6 +272,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 
     Ok(Generation {
         source: source.to_string(),
+        text_hash: super::hash_text(text),
         workers,
         cpus,
         shutdown_timeout,

@@ -12,7 +12,6 @@
 pub mod admin;
 pub mod health;
 
-use std::hash::{Hash, Hasher};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +19,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::{compile, EndpointSpec, Generation};
+use crate::config::{compile, hash_text, EndpointSpec, Generation};
 use crate::net::bind_group;
 use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
 use crate::worker::WorkerCommand;
@@ -52,29 +51,35 @@ fn resolve_spec(spec: &EndpointSpec) -> Result<Vec<SocketAddr>, String> {
 /// Resolves every endpoint of every upstream; fails on the first name that does not resolve.
 /// Endpoint state comes from `book`.
 pub fn resolve_all(gen: &Generation, book: &StateBook<'_>) -> Result<EndpointTable, String> {
-    let mut table = Vec::with_capacity(gen.upstreams.len());
-    for up in &gen.upstreams {
-        let mut eps = Vec::new();
-        for spec in &up.endpoints {
-            let authority: Arc<str> = Arc::from(spec.authority.as_str());
-            for addr in resolve_spec(spec).map_err(|e| format!("upstream `{}`: {e}", up.name))? {
-                eps.push(ResolvedEndpoint {
-                    addr,
-                    state: book.endpoint(&up.name, addr, &authority),
-                    authority: authority.clone(),
-                    weight: spec.weight,
-                });
-            }
-        }
-        table.push(eps);
-    }
-    Ok(table)
+    resolve(gen, book, None, true)
 }
 
-/// Re-resolves names, keeping the previous addresses of a spec whose lookup fails.
-fn refresh(gen: &Generation, previous: &EndpointTable, book: &StateBook<'_>) -> EndpointTable {
+/// Resolves `gen`'s endpoints. When a lookup fails, the addresses `previous` has for the same
+/// upstream and `host:port` stay in use (RFC 8767: serve stale); with none to fall back on,
+/// `strict` makes that an error (start-up, a reload adding a name) and otherwise the name
+/// contributes no endpoint until it resolves (a periodic refresh).
+fn resolve(
+    gen: &Generation,
+    book: &StateBook<'_>,
+    previous: Option<&Published>,
+    strict: bool,
+) -> Result<EndpointTable, String> {
     let mut table = Vec::with_capacity(gen.upstreams.len());
-    for (i, up) in gen.upstreams.iter().enumerate() {
+    for up in &gen.upstreams {
+        let stale_of = |authority: &str| -> Vec<ResolvedEndpoint> {
+            let Some(p) = previous else {
+                return Vec::new();
+            };
+            let Some(i) = p.gen.upstreams.iter().position(|u| u.name == up.name) else {
+                return Vec::new();
+            };
+            p.endpoints.get(i).map_or_else(Vec::new, |eps| {
+                eps.iter()
+                    .filter(|e| &*e.authority == authority)
+                    .cloned()
+                    .collect()
+            })
+        };
         let mut eps = Vec::new();
         for spec in &up.endpoints {
             let authority: Arc<str> = Arc::from(spec.authority.as_str());
@@ -86,20 +91,21 @@ fn refresh(gen: &Generation, previous: &EndpointTable, book: &StateBook<'_>) -> 
                     weight: spec.weight,
                 })),
                 Err(e) => {
-                    tracing::warn!(upstream = %up.name, error = %e, "DNS refresh failed; keeping the last answer");
-                    if let Some(prev) = previous.get(i) {
-                        eps.extend(
-                            prev.iter()
-                                .filter(|p| *p.authority == *spec.authority)
-                                .cloned(),
-                        );
+                    let stale = stale_of(&spec.authority);
+                    if stale.is_empty() && strict {
+                        return Err(format!("upstream `{}`: {e}", up.name));
                     }
+                    tracing::warn!(upstream = %up.name, error = %e, kept = stale.len(), "lookup failed; keeping the last answer");
+                    eps.extend(stale.into_iter().map(|r| ResolvedEndpoint {
+                        weight: spec.weight,
+                        ..r
+                    }));
                 }
             }
         }
         table.push(eps);
     }
-    table
+    Ok(table)
 }
 
 /// What the control thread is asked to do.
@@ -116,25 +122,26 @@ pub enum Command {
 /// How often the config file's modification time and size are looked at.
 const FILE_POLL: Duration = Duration::from_secs(1);
 
-/// What identifies a version of the config file.
+/// What identifies a version of the config file: a rename over it changes the inode, an
+/// in-place write the change time (nanoseconds), even at the same size and modification
+/// second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileStamp {
     modified: Option<SystemTime>,
     len: u64,
+    inode: u64,
+    changed: (i64, i64),
 }
 
 fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     Some(FileStamp {
         modified: meta.modified().ok(),
         len: meta.len(),
+        inode: meta.ino(),
+        changed: (meta.ctime(), meta.ctime_nsec()),
     })
-}
-
-fn hash_text(text: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    h.finish()
 }
 
 /// The control thread's state.
@@ -165,11 +172,10 @@ impl Control {
     ) -> Control {
         let gen = shared.published.load().gen.clone();
         let source = (!gen.source.starts_with('<')).then(|| PathBuf::from(&gen.source));
-        let file_stamp = source.as_deref().and_then(stamp);
-        let file_hash = source
-            .as_deref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .map(|t| hash_text(&t));
+        // The hash of the text the running generation was compiled from, and no stamp: the
+        // first poll reads the file and reloads if it changed since it was loaded.
+        let file_stamp = None;
+        let file_hash = Some(gen.text_hash);
         Control {
             shared,
             source,
@@ -207,14 +213,18 @@ impl Control {
         let Some(path) = self.source.clone() else {
             return Err("ringway was started without a config file (`ringway proxy`)".into());
         };
+        // The stamp is taken before the read: a write landing in between changes the stamp
+        // again, so the next poll looks once more.
+        let before = stamp(&path);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("{}: cannot read the config file: {e}", path.display()))?;
         self.file_hash = Some(hash_text(&text));
-        self.file_stamp = stamp(&path);
-        let gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+        self.file_stamp = before;
+        let mut gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
         let current = self.shared.published.load_full();
         let book = StateBook::new(Some(&current), self.shared.workers);
-        let endpoints = resolve_all(&gen, &book).map_err(|e| format!("{}: {e}", path.display()))?;
+        let endpoints = resolve(&gen, &book, Some(&current), true)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let old = &current.gen;
 
         // What a reload cannot change: keep running with it, say so.
@@ -245,6 +255,26 @@ impl Control {
         }
         if !restart.is_empty() {
             tracing::warn!(keys = ?restart, "these changes need a restart; the running values stay");
+            // Published as running, so the next reload compares with what is really in force.
+            gen.workers = old.workers;
+            gen.cpus = old.cpus.clone();
+            gen.log_level = old.log_level.clone();
+            gen.admin = old.admin.clone();
+            for l in &mut gen.listeners {
+                if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
+                    l.backlog = o.backlog;
+                }
+            }
+            if gen.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES
+                > self.head_block_limit
+            {
+                gen.http.limits.max_head_bytes = old.http.limits.max_head_bytes;
+                gen.http.limits.max_request_line_bytes = gen
+                    .http
+                    .limits
+                    .max_request_line_bytes
+                    .min(old.http.limits.max_head_bytes);
+            }
         }
 
         // Bind added listeners before anything is published: a failure leaves all as it was.
@@ -300,10 +330,11 @@ impl Control {
         if now.is_none() || now == self.file_stamp {
             return;
         }
-        self.file_stamp = now;
         let Ok(text) = std::fs::read_to_string(&path) else {
+            // Looked at again next time: the stamp is stored only after a successful read.
             return;
         };
+        self.file_stamp = now;
         if Some(hash_text(&text)) != self.file_hash {
             let _ = self.reload("config file changed");
         }
@@ -314,7 +345,9 @@ impl Control {
     fn refresh_dns(&self) {
         let current = self.shared.published.load_full();
         let book = StateBook::new(Some(&current), self.shared.workers);
-        let table = refresh(&current.gen, &current.endpoints, &book);
+        let Ok(table) = resolve(&current.gen, &book, Some(&current), false) else {
+            return;
+        };
         if *current.endpoints != table {
             tracing::info!("upstream endpoints changed after DNS refresh");
             self.shared.publish(Published::new(
@@ -383,12 +416,12 @@ mod tests {
         assert!(table[0].len() >= 2);
         assert_eq!(table[0][0].addr, "127.0.0.1:9".parse().unwrap());
         assert!(table[0].iter().any(|e| &*e.authority == "localhost:80"));
-        let again = refresh(&gen, &table, &book);
+        let published = Published::new(1, Arc::new(gen.clone()), table.clone(), &book);
+        let again = resolve(&gen, &book, Some(&published), false).unwrap();
         assert_eq!(again, table);
         // State is kept by address across a refresh.
-        let published = Published::new(1, Arc::new(gen.clone()), table.clone(), &book);
         let book2 = StateBook::new(Some(&published), 1);
-        let third = refresh(&gen, &table, &book2);
+        let third = resolve(&gen, &book2, Some(&published), false).unwrap();
         assert!(Arc::ptr_eq(&third[0][0].state, &table[0][0].state));
         assert!(Arc::ptr_eq(&book2.upstream("a"), &published.upstreams[0]));
     }
@@ -412,6 +445,25 @@ mod tests {
             authority,
             weight: 1,
         }]];
-        assert_eq!(refresh(&gen, &previous, &book), previous);
+        let published = Published::new(1, Arc::new(gen.clone()), previous.clone(), &book);
+        // A refresh and a reload both keep the last answer ...
+        assert_eq!(
+            resolve(&gen, &book, Some(&published), false).unwrap(),
+            previous
+        );
+        assert_eq!(
+            resolve(&gen, &book, Some(&published), true).unwrap(),
+            previous
+        );
+        // ... which a reload adding a name that does not resolve does not have.
+        let added = crate::config::compile(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"a\"\nendpoints = [\"no-such-host.invalid:80\", \"other.invalid:80\"]\n",
+            "t",
+        )
+        .unwrap();
+        let e = resolve(&added, &book, Some(&published), true).unwrap_err();
+        assert!(e.contains("other.invalid"), "{e}");
+        let lenient = resolve(&added, &book, Some(&published), false).unwrap();
+        assert_eq!(lenient, previous);
     }
 }
