@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -365,6 +366,53 @@ fn idle_upstream_connections_survive_a_reload() {
         1,
         "the pooled connection was carried across reloads"
     );
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn the_admin_listener_refuses_browsers_and_trickling_clients() {
+    let dir = Dir::new("admin-guard");
+    let (server, _) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let admin = server.admin_addr().unwrap();
+    // A cross-site form post carries Origin.
+    let mut s = TcpStream::connect(admin).unwrap();
+    s.write_all(b"POST /-/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    assert_eq!(server.generation(), 1, "nothing was reloaded");
+
+    // A client sending one byte a second is cut off after the 5 s head deadline, not per read.
+    let mut slow = TcpStream::connect(admin).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = Instant::now();
+    let mut cut_after = None;
+    for b in b"GET /-/upstreams HTTP/1.1\r\nHost: x\r\n"
+        .iter()
+        .cycle()
+        .take(20)
+    {
+        if slow.write_all(&[*b]).is_err() {
+            cut_after = Some(started.elapsed());
+            break;
+        }
+        let mut probe = [0u8; 1];
+        slow.set_nonblocking(true).unwrap();
+        let closed = matches!(slow.read(&mut probe), Ok(0));
+        slow.set_nonblocking(false).unwrap();
+        if closed {
+            cut_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let cut = cut_after.expect("the trickling client was cut off");
+    assert!(cut < Duration::from_secs(8), "cut off after {cut:?}");
+    // The admin thread serves others again.
+    assert_eq!(support::admin(admin, "GET", "/-/upstreams").0, 200);
     server.shutdown();
     server.join();
 }

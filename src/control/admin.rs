@@ -61,7 +61,9 @@ pub fn serve(
 }
 
 fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    // One deadline for the whole request head: a client trickling bytes cannot hold the
+    // (single) admin thread longer than READ_TIMEOUT.
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
@@ -72,6 +74,13 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         max_request_line_bytes: 4096,
     };
     let parsed = loop {
+        let Some(left) = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())
+        else {
+            return;
+        };
+        let _ = stream.set_read_timeout(Some(left));
         match stream.read(&mut buf[len..]) {
             Ok(0) | Err(_) => return,
             Ok(n) => len += n,
@@ -86,6 +95,16 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         }
     };
     let path = head.path.get(&buf[..parsed]).to_vec();
+    // A browser tricked into posting here (a cross-site form) sends Origin; operators' tools
+    // do not. Refusing it keeps web pages from reloading or draining through a loopback port.
+    let from_browser = head.headers.iter().any(|h| {
+        let name = h.name.get(&buf[..parsed]);
+        name.eq_ignore_ascii_case(b"origin") || name.eq_ignore_ascii_case(b"sec-fetch-site")
+    });
+    if head.method == Method::Post && from_browser {
+        reply(&mut stream, 403, "{\"error\":{\"code\":\"forbidden\",\"message\":\"admin requests from browsers are refused\"}}");
+        return;
+    }
     match (head.method, path.as_slice()) {
         (Method::Post, b"/-/reload") => {
             let (tx, rx) = mpsc::channel();
