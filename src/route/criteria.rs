@@ -51,10 +51,13 @@ impl MediaType {
         })
     }
 
-    /// Whether an Accept field value accepts this type: some listed range (`t/s`, `t/*` or
-    /// `*/*`) covers it with a weight above zero (RFC 9110 §12.5.1).
+    /// Whether an Accept field value accepts this type: the most specific listed range that
+    /// covers it (`t/s` over `t/*` over `*/*`) has a weight above zero (RFC 9110 §12.5.1), so
+    /// `application/json;q=0, */*` refuses JSON.
     pub fn accepted_by(&self, accept: &[u8]) -> bool {
-        list_elements(accept).any(|range| {
+        // (specificity, weight is zero) of the most specific covering range.
+        let mut best: Option<(u8, bool)> = None;
+        for range in list_elements(accept) {
             let mut parts = range.split(|&b| b == b';');
             let essence = trim_ows(parts.next().unwrap_or(&[]));
             let weight_zero = parts.any(|p| {
@@ -63,17 +66,29 @@ impl MediaType {
                     && p[..2].eq_ignore_ascii_case(b"q=")
                     && p[2..].iter().all(|&b| b == b'0' || b == b'.')
             });
-            if weight_zero {
-                return false;
-            }
             let Some(slash) = essence.iter().position(|&b| b == b'/') else {
-                return false;
+                continue;
             };
             let (k, s) = (&essence[..slash], &essence[slash + 1..]);
-            (k == b"*" && s == b"*")
-                || (k.eq_ignore_ascii_case(&self.kind)
-                    && (s == b"*" || s.eq_ignore_ascii_case(&self.subtype)))
-        })
+            let specificity = if k == b"*" && s == b"*" {
+                0
+            } else if !k.eq_ignore_ascii_case(&self.kind) {
+                continue;
+            } else if s == b"*" {
+                1
+            } else if s.eq_ignore_ascii_case(&self.subtype) {
+                2
+            } else {
+                continue;
+            };
+            match best {
+                // Equally specific ranges: any non-zero weight accepts.
+                Some((b, zero)) if b == specificity => best = Some((b, zero && weight_zero)),
+                Some((b, _)) if b > specificity => {}
+                _ => best = Some((specificity, weight_zero)),
+            }
+        }
+        best.is_some_and(|(_, zero)| !zero)
     }
 }
 
@@ -229,6 +244,8 @@ mod tests {
             b"application/*",
             b"text/html, application/json;q=0.5",
             b"APPLICATION/JSON",
+            b"*/*;q=0, application/json",
+            b"application/*;q=0, application/json;q=0.1",
         ] {
             assert!(json.accepted_by(yes), "{:?}", String::from_utf8_lossy(yes));
         }
@@ -238,6 +255,8 @@ mod tests {
             b"application/xml",
             b"application/json;q=0.0",
             b"",
+            b"application/json;q=0, */*",
+            b"application/*;q=0, */*;q=1",
         ] {
             assert!(!json.accepted_by(no), "{:?}", String::from_utf8_lossy(no));
         }

@@ -71,7 +71,10 @@ impl Redirect {
     /// Writes the Location for a request to `req_host` (as sent, maybe with a port), `path` and
     /// `query`, piece by piece through `put`: `scheme://host[:port]path`. Configured parts win;
     /// without a configured path the request's path and query are kept verbatim; a changed
-    /// scheme or host drops the request's port unless one is configured.
+    /// scheme or host drops the request's port unless one is configured. Without any host (an
+    /// HTTP/1.0 request without Host, no host configured) the Location is the path alone, a
+    /// relative reference, rather than `http:///path`; a target that is not a path (`*`)
+    /// becomes `/`.
     pub fn write_location<E>(
         &self,
         req_host: &[u8],
@@ -80,6 +83,20 @@ impl Redirect {
         mut put: impl FnMut(&[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let (host, port) = split_host_port(req_host);
+        let path = if path.first() == Some(&b'/') {
+            path
+        } else {
+            &b"/"[..]
+        };
+        if self.host.is_none() && host.is_empty() {
+            return match &self.path {
+                Some(p) => put(p.as_bytes()),
+                None => {
+                    put(path)?;
+                    put(query)
+                }
+            };
+        }
         put(self.scheme.as_deref().unwrap_or("http").as_bytes())?;
         put(b"://")?;
         match &self.host {
@@ -629,6 +646,37 @@ mod tests {
         assert_eq!(find(&t, "a", "/users/7").as_deref(), Some("template"));
         assert_eq!(find(&t, "a", "/users/7/x").as_deref(), Some("prefix"));
         assert_eq!(find(&t, "a", "/other").as_deref(), None);
+    }
+
+    #[test]
+    fn locations_without_a_host_are_relative() {
+        let loc = |rd: &Redirect, host: &[u8], path: &[u8], query: &[u8]| {
+            let mut out = Vec::new();
+            rd.write_location(host, path, query, |p| {
+                out.extend_from_slice(p);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let keep = Redirect {
+            status: 302,
+            scheme: None,
+            host: None,
+            port: None,
+            path: None,
+        };
+        assert_eq!(
+            loc(&keep, b"a.example:8080", b"/x", b"?q"),
+            "http://a.example:8080/x?q"
+        );
+        assert_eq!(loc(&keep, b"", b"/x", b"?q"), "/x?q");
+        assert_eq!(loc(&keep, b"a.example", b"*", b""), "http://a.example/");
+        let to = Redirect {
+            host: Some("b.example".into()),
+            ..keep
+        };
+        assert_eq!(loc(&to, b"", b"/x", b""), "http://b.example/x");
     }
 
     #[test]
