@@ -425,9 +425,50 @@ fn parse_target(buf: &[u8], target: &[u8], head: &mut RequestHead) -> Result<(),
         .iter()
         .position(|&b| b == b'?')
         .unwrap_or(path_and_query.len());
+    check_path(&path_and_query[..q])?;
     head.path = Span::of(buf, &path_and_query[..q]);
     head.query = Span::of(buf, &path_and_query[q..]);
     Ok(())
+}
+
+/// Refuses paths that other software would read differently from the bytes routing matches:
+/// dot-segments (`/a/../admin` is `/admin` to an upstream that resolves it, RFC 3986
+/// §5.2.4), percent-encoded unreserved characters (`/%61dmin` is `/admin` after RFC 3986
+/// §6.2.2.2 normalization) and malformed percent-encodings. Browsers and HTTP libraries send
+/// none of these; a route that denies `/admin` cannot be walked around with them.
+fn check_path(path: &[u8]) -> Result<(), ParseError> {
+    for segment in path.split(|&b| b == b'/') {
+        if segment == b"." || segment == b".." {
+            return Err(ParseError::Malformed("dot-segment in path"));
+        }
+    }
+    let mut i = 0;
+    while let Some(off) = path[i..].iter().position(|&b| b == b'%') {
+        let at = i + off;
+        let (Some(&h), Some(&l)) = (path.get(at + 1), path.get(at + 2)) else {
+            return Err(ParseError::Malformed("malformed percent-encoding in path"));
+        };
+        let (Some(h), Some(l)) = (hex_value(h), hex_value(l)) else {
+            return Err(ParseError::Malformed("malformed percent-encoding in path"));
+        };
+        let c = h << 4 | l;
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+            return Err(ParseError::Malformed(
+                "percent-encoded unreserved character in path",
+            ));
+        }
+        i = at + 3;
+    }
+    Ok(())
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
 }
 
 fn strip_scheme(target: &[u8]) -> Option<&[u8]> {
@@ -866,6 +907,45 @@ mod tests {
     fn leading_empty_lines_are_ignored() {
         let req = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
         assert_eq!(parsed(req).method, Method::Get);
+    }
+
+    #[test]
+    fn paths_that_normalize_differently_are_refused() {
+        for bad in [
+            &b"/a/../admin"[..],
+            b"/..",
+            b"/./admin",
+            b"/admin/.",
+            b"/%61dmin",
+            b"/a%2e%2e/x",
+            b"/%7Euser",
+            b"/a%2",
+            b"/a%zz",
+            b"/a%",
+        ] {
+            let req = [b"GET ", bad, b"?x=/../ HTTP/1.1\r\nHost: a\r\n\r\n"].concat();
+            let r = parse(&req);
+            assert!(
+                matches!(r, Err(ParseError::Malformed(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+            check_split(&req, r);
+        }
+        for good in [
+            &b"/a..b/.c/d."[..],
+            b"/a%2Fb",
+            b"/%20space",
+            b"/caf%C3%A9",
+            b"/...",
+            b"/",
+        ] {
+            let req = [b"GET ", good, b" HTTP/1.1\r\nHost: a\r\n\r\n"].concat();
+            check_split(&req, Ok(Some(req.len())));
+        }
+        // The query is not a path: dot-segments there are data.
+        let req = b"GET /x?a=/../b&c=%61 HTTP/1.1\r\nHost: a\r\n\r\n";
+        check_split(req, Ok(Some(req.len())));
     }
 
     #[test]
