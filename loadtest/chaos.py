@@ -14,12 +14,13 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from common import scrape, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGINS = [19201, 19202, 19203]
@@ -51,43 +52,11 @@ proxy = "origins"
 """
 
 
-def scrape(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=2)
-    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    out = {}
-    for line in data.decode(errors="replace").split("\r\n\r\n", 1)[-1].splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            try:
-                out[k] = float(v)
-            except ValueError:
-                pass
-    return out
-
-
 def start_origin(port):
     return subprocess.Popen(
         ["taskset", "-c", "0", os.path.join(ROOT, "target/release/examples/origin"), f"127.0.0.1:{port}"],
         stderr=subprocess.DEVNULL,
     )
-
-
-def wait_port(port, timeout=10):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.02)
-    return False
 
 
 def main():

@@ -10,28 +10,15 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from common import http, wait_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN, LISTEN, ADMIN = 19100, 18181, 19901
-
-
-def http(port, method, path):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head[9:12]), body.decode(errors="replace")
 
 
 def config(k):
@@ -65,12 +52,7 @@ def main():
     try:
         procs.append(subprocess.Popen(["taskset", "-c", "0", os.path.join(ROOT, "target/release/examples/origin"), f"127.0.0.1:{ORIGIN}"], stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen([os.path.join(ROOT, "target/release/ringway"), "--config", path], stderr=open(os.path.join(work, "ringway.log"), "w")))
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", LISTEN), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_port(LISTEN)
         duration = max(10, args.reloads // 2 + 5)
         wrk = subprocess.Popen(["taskset", "-c", "0", "wrk", "-t1", "-c64", f"-d{duration}s", f"http://127.0.0.1:{LISTEN}/load"], stdout=subprocess.PIPE, text=True)
         time.sleep(1)

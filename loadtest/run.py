@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from common import wait_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "loadtest")
 
@@ -88,18 +90,6 @@ def start(name, cmd, cpu, env=None):
     p = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(WORK, name + ".log"), "w"), env=env, preexec_fn=os.setsid)
     procs.append((name, p))
     return p
-
-
-def wait_port(port, timeout=15):
-    import socket
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 def stop_all():

@@ -173,17 +173,21 @@ fn put_framing(out: &mut Block, framing: BodyFraming) -> Result<(), Full> {
 /// Decimal digits of `n`.
 pub fn put_u64(out: &mut Block, n: u64) -> Result<(), Full> {
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
+    out.put(decimal(n, &mut digits))
+}
+
+/// `n` in decimal, written at the end of `buf` (no allocation).
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
     loop {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    out.put(&digits[i..])
+    &buf[i..]
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use super::io::write_all_by;
 use super::ReqInfo;
 use crate::buf::Block;
 use crate::error::ErrorKind;
-use crate::http1::encode::{put_field, put_status_line, put_u64};
+use crate::http1::encode::{decimal, put_field, put_status_line, put_u64};
 use crate::http1::{Method, Version};
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
@@ -152,20 +152,6 @@ pub async fn error_retry_after(
         close,
     )
     .await
-}
-
-/// `v` in decimal, written at the end of `buf`.
-fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    &buf[i..]
 }
 
 /// 503 `maintenance` with the operator's message and `Retry-After` in whole seconds.

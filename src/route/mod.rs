@@ -103,21 +103,11 @@ impl Redirect {
             Some(h) => put(h.as_bytes())?,
             None => put(host)?,
         }
-        let mut digits = [0u8; 5];
+        let mut digits = [0u8; 20];
         match (self.port, port) {
             (Some(p), _) => {
-                let mut i = digits.len();
-                let mut v = p;
-                loop {
-                    i -= 1;
-                    digits[i] = b'0' + (v % 10) as u8;
-                    v /= 10;
-                    if v == 0 {
-                        break;
-                    }
-                }
                 put(b":")?;
-                put(&digits[i..])?;
+                put(crate::http1::encode::decimal(u64::from(p), &mut digits))?;
             }
             (None, Some(p)) if self.host.is_none() && self.scheme.is_none() && !p.is_empty() => {
                 put(b":")?;
