@@ -39,6 +39,7 @@ fn bench(c: &mut Criterion) {
                 forwarded_proto: Some(b"http"),
                 keep_forwarded: false,
                 request_id: b"0123456789abcdef0123456789abcdef",
+                upgrade: false,
             };
             write_request_head(black_box(REQUEST), &head, &edits, &mut out).unwrap();
         })
@@ -51,6 +52,7 @@ fn bench(c: &mut Criterion) {
                 framing: resp.framing,
                 connection: None,
                 request_id: b"0123456789abcdef0123456789abcdef",
+                upgrade: false,
             };
             write_response_head(black_box(RESPONSE), &resp, &edits, &mut out).unwrap();
         })

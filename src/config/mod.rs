@@ -135,6 +135,8 @@ pub struct HttpConfig {
     pub body_timeout: Duration,
     /// Longest a write to the client or upstream may stall.
     pub send_timeout: Duration,
+    /// A tunnel (after a 101) with no byte either way for this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -147,6 +149,7 @@ impl Default for HttpConfig {
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),
+            tunnel_idle_timeout: Duration::from_secs(300),
         }
     }
 }

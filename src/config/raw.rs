@@ -61,6 +61,7 @@ pub(crate) struct RawHttp {
     pub(crate) idle_timeout: Option<Spanned<String>>,
     pub(crate) body_timeout: Option<Spanned<String>>,
     pub(crate) send_timeout: Option<Spanned<String>>,
+    pub(crate) tunnel_idle_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -341,6 +341,7 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
         idle_timeout: ctx.duration(&h.idle_timeout, d.idle_timeout)?,
         body_timeout: ctx.duration(&h.body_timeout, d.body_timeout)?,
         send_timeout: ctx.duration(&h.send_timeout, d.send_timeout)?,
+        tunnel_idle_timeout: ctx.duration(&h.tunnel_idle_timeout, d.tunnel_idle_timeout)?,
     })
 }
 

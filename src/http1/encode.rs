@@ -5,6 +5,7 @@
 //! Connection (RFC 9110 §7.6.1), framing fields (regenerated from the parsed framing, so an
 //! ambiguous spelling never reaches the next hop), and the fields the edits replace.
 
+use super::head::upgrade_protocols;
 use super::{reason_phrase, BodyFraming, HeaderKind, RequestHead, ResponseHead};
 use crate::buf::{Block, Full};
 
@@ -34,6 +35,9 @@ pub struct RequestEdits<'a> {
     pub keep_forwarded: bool,
     /// X-Request-Id.
     pub request_id: &'a [u8],
+    /// Forward the request's protocol upgrade (`RequestHead::upgrade`): its Upgrade
+    /// protocols but `h2c`, with `Connection: upgrade`.
+    pub upgrade: bool,
 }
 
 /// The changes made to a response head on its way to the client.
@@ -46,6 +50,9 @@ pub struct ResponseEdits<'a> {
     pub connection: Option<&'a [u8]>,
     /// X-Request-Id echoed to the client.
     pub request_id: &'a [u8],
+    /// A 101 switching protocols: the response's Upgrade protocols go along, with
+    /// `Connection: upgrade`.
+    pub upgrade: bool,
 }
 
 /// Writes the upstream request head for `head` (parsed from `src`) with `edits` into `out`.
@@ -82,6 +89,9 @@ pub fn write_request_head(
         }
     }
     put_framing(out, head.framing)?;
+    if edits.upgrade {
+        put_upgrade(out, head.upgrade_protocols(src))?;
+    }
     out.put(b"x-forwarded-for: ")?;
     match edits.forwarded_for {
         ForwardedFor::Append(peer) => {
@@ -130,11 +140,25 @@ pub fn write_response_head(
         }
     }
     put_framing(out, edits.framing)?;
-    if let Some(option) = edits.connection {
+    if edits.upgrade {
+        put_upgrade(out, upgrade_protocols(&head.headers, src))?;
+    } else if let Some(option) = edits.connection {
         put_field(out, b"connection", option)?;
     }
     put_field(out, b"x-request-id", edits.request_id)?;
     out.put(b"\r\n")
+}
+
+/// `upgrade: p1, p2` and `connection: upgrade`.
+fn put_upgrade<'a>(out: &mut Block, protocols: impl Iterator<Item = &'a [u8]>) -> Result<(), Full> {
+    out.put(b"upgrade: ")?;
+    for (i, p) in protocols.enumerate() {
+        if i > 0 {
+            out.put(b", ")?;
+        }
+        out.put(p)?;
+    }
+    out.put(b"\r\nconnection: upgrade\r\n")
 }
 
 /// `HTTP/1.1 <status> <reason>\r\n`; the standard phrase when `reason` is empty.
@@ -218,6 +242,7 @@ mod tests {
             forwarded_proto: Some(b"http"),
             keep_forwarded: false,
             request_id: b"abc",
+            upgrade: head.upgrade,
         };
         write_request_head(src, &head, &edits, &mut out).unwrap();
         assert_eq!(
@@ -251,6 +276,7 @@ mod tests {
             framing: head.framing,
             connection: Some(b"close"),
             request_id: b"rid",
+            upgrade: false,
         };
         write_response_head(src, &head, &edits, &mut out).unwrap();
         assert_eq!(
@@ -275,8 +301,65 @@ mod tests {
             forwarded_proto: None,
             keep_forwarded: false,
             request_id: b"x",
+            upgrade: false,
         };
         assert_eq!(write_request_head(src, &head, &edits, &mut out), Err(Full));
+    }
+
+    #[test]
+    fn upgrades_keep_their_protocols_but_h2c() {
+        let src = b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, keep-alive\r\nUpgrade: websocket, h2c\r\nSec-WebSocket-Key: k\r\n\r\n";
+        let head = req_head(src);
+        assert!(head.upgrade);
+        let pool = BufPool::new(4096);
+        let mut out = pool.take();
+        let edits = RequestEdits {
+            target: [b"/ws", b"", b""],
+            host: b"up:80",
+            forwarded_for: ForwardedFor::Replace(b"1.2.3.4"),
+            real_ip: b"1.2.3.4",
+            forwarded_proto: None,
+            keep_forwarded: false,
+            request_id: b"x",
+            upgrade: head.upgrade,
+        };
+        write_request_head(src, &head, &edits, &mut out).unwrap();
+        let text = std::str::from_utf8(out.data()).unwrap();
+        assert!(
+            text.contains("Sec-WebSocket-Key: k\r\nupgrade: websocket\r\nconnection: upgrade\r\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("h2c") && !text.contains("keep-alive"),
+            "{text}"
+        );
+        // h2c alone, or no `upgrade` option, is no upgrade.
+        for src in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
+            b"GET / HTTP/1.0\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        ] {
+            assert!(!req_head(src).upgrade, "{:?}", String::from_utf8_lossy(src));
+        }
+
+        let src = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: a\r\n\r\n";
+        let mut resp = ResponseHead::default();
+        parse_response(src, 100, Method::Get, &mut resp)
+            .unwrap()
+            .unwrap();
+        let mut out = pool.take();
+        let edits = ResponseEdits {
+            framing: BodyFraming::None,
+            connection: None,
+            request_id: b"rid",
+            upgrade: true,
+        };
+        write_response_head(src, &resp, &edits, &mut out).unwrap();
+        assert_eq!(
+            std::str::from_utf8(out.data()).unwrap(),
+            "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: a\r\nupgrade: websocket\r\n\
+             connection: upgrade\r\nx-request-id: rid\r\n\r\n"
+        );
     }
 
     #[test]

@@ -97,9 +97,18 @@ pub struct RequestHead {
     pub keep_alive: bool,
     /// `Expect: 100-continue` on an HTTP/1.1 request.
     pub expect_continue: bool,
+    /// An HTTP/1.1 protocol upgrade is asked for (RFC 9110 §7.8): an `Upgrade` field with a
+    /// protocol other than `h2c` (never tunnelled: h2c is served by prior knowledge), and
+    /// `upgrade` among the Connection options.
+    pub upgrade: bool,
 }
 
 impl RequestHead {
+    /// The protocols of the Upgrade fields that may be forwarded (all but `h2c`).
+    pub fn upgrade_protocols<'a>(&'a self, src: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        upgrade_protocols(&self.headers, src)
+    }
+
     /// The first field of `kind`, if any.
     pub fn find(&self, kind: HeaderKind) -> Option<&HeaderField> {
         self.headers.iter().find(|h| h.kind == kind)
@@ -125,6 +134,18 @@ pub struct ResponseHead {
     pub content_length: Option<u64>,
     /// Whether the upstream allows the connection to persist.
     pub keep_alive: bool,
+}
+
+/// The protocols named by the Upgrade fields among `headers`, but `h2c`.
+pub fn upgrade_protocols<'a>(
+    headers: &'a [HeaderField],
+    src: &'a [u8],
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    headers
+        .iter()
+        .filter(|h| h.kind == HeaderKind::Upgrade)
+        .flat_map(move |h| list_elements(h.value.get(src)))
+        .filter(|p| !p.eq_ignore_ascii_case(b"h2c"))
 }
 
 /// Parses a request head from `buf`. `Ok(None)`: incomplete, read more. `Ok(Some(n))`: the head
@@ -271,6 +292,11 @@ pub fn parse_request(
         head.headers.push(field);
     }
     mark_connection_listed(buf, &mut head.headers, &conn_tokens[..n_tokens]);
+    head.upgrade = head.version == Version::Http11
+        && conn_tokens[..n_tokens]
+            .iter()
+            .any(|t| t.get(buf).eq_ignore_ascii_case(b"upgrade"))
+        && head.upgrade_protocols(buf).next().is_some();
 
     // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
     if host_count > 1 || (host_count == 0 && head.version == Version::Http11) {

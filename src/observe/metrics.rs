@@ -33,6 +33,8 @@ pub struct WorkerMetrics {
     pub generation: AtomicU64,
     /// Requests refused by the gateway concurrency cap, by route priority class (0 to 10).
     pub shed: [AtomicU64; 11],
+    /// Exchanges switched to a tunnel (101 to an Upgrade request).
+    pub tunnels_opened: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -159,6 +161,12 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_connections_active",
         "Client connections open now.",
         accepted.saturating_sub(closed),
+    );
+    counter(
+        out,
+        "ringway_tunnels_opened_total",
+        "Exchanges switched to a byte tunnel (101 to an Upgrade request).",
+        sum(shards, |s| &s.tunnels_opened),
     );
     counter(
         out,

@@ -27,6 +27,7 @@ use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 
 use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Either};
+use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, HashKey, HIGH_PRIORITY_CLASS};
@@ -596,6 +597,15 @@ pub(super) async fn proxy(
         relayed.upstream_failure.map_or(Ok(()), Err)
     };
     record(w, up, &ep, ticket, outcome);
+    if let Some(pending) = relayed.tunnel {
+        // The request's permits end here; the tunnel holds the two connections.
+        add(&w.metrics().tunnels_opened, 1);
+        conn.tunnel = Some(Tunnel {
+            upstream: upc,
+            pending,
+        });
+        return false;
+    }
     match relayed.reuse {
         Some(reuse) => {
             if reuse.upstream {
@@ -891,6 +901,7 @@ fn encode_request(
         forwarded_proto: if keep_proto { None } else { Some(b"http") },
         keep_forwarded: trusted,
         request_id: info.rid.as_bytes(),
+        upgrade: head.upgrade,
     };
     write_request_head(src, head, &edits, out)
 }
@@ -1166,6 +1177,9 @@ struct Relayed {
     reuse: Option<Reuse>,
     /// The upstream's fault, if it failed (for passive health and the breaker).
     upstream_failure: Option<FailureClass>,
+    /// A 101 went to the client: the connections become a tunnel; upstream bytes that came
+    /// with the 101 and did not fit behind it.
+    tunnel: Option<Block>,
 }
 
 impl Relayed {
@@ -1178,7 +1192,52 @@ impl Relayed {
                 upstream: false,
             }),
             upstream_failure: Some(FailureClass::Invalid),
+            tunnel: None,
         }
+    }
+}
+
+/// Relays a 101 to an upgrade request: its head with the Upgrade protocols and
+/// `Connection: upgrade`, and whatever the upstream sent after it; the connections then become
+/// a tunnel (`proxy::tunnel`), started by the connection task.
+async fn switch_protocols(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    mut ubuf: Block,
+) -> Relayed {
+    let mut out = w.body_pool.take();
+    let edits = ResponseEdits {
+        framing: BodyFraming::None,
+        connection: None,
+        request_id: info.rid.as_bytes(),
+        upgrade: true,
+    };
+    let written = write_response_head(ubuf.data(), &conn.resp, &edits, &mut out);
+    ubuf.consume(conn.resp.len);
+    if written.is_err() {
+        return Relayed::invalid(false);
+    }
+    // Tunnel bytes that came with the 101 go right behind it (as many as fit; the rest
+    // first thing in the tunnel).
+    out.put_from(&mut ubuf);
+    let deadline = w.now() + cg.gen.http.send_timeout;
+    let len = out.len() as u64;
+    let (res, _) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+    if res.is_err() {
+        return Relayed {
+            reuse: None,
+            upstream_failure: None,
+            tunnel: None,
+        };
+    }
+    add(&w.metrics().bytes_out, len);
+    w.metrics().response(101);
+    Relayed {
+        reuse: None,
+        upstream_failure: None,
+        tunnel: Some(ubuf),
     }
 }
 
@@ -1197,7 +1256,11 @@ async fn relay_response(
 ) -> Relayed {
     let resp = &conn.resp;
     if resp.status == 101 {
-        // Upgrade is stripped from requests until tunnels exist; a 101 is a protocol error.
+        if conn.head.upgrade && body_sent {
+            return switch_protocols(w, cg, conn, info, ubuf).await;
+        }
+        // Only a forwarded upgrade may be answered with 101 (and only once the request body
+        // is complete: what follows is no longer HTTP).
         let err =
             Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause("unexpected 101");
         log_upstream(info, up_name, Some(upc.addr()), &err);
@@ -1238,6 +1301,7 @@ async fn relay_response(
         framing: out_framing,
         connection,
         request_id: info.rid.as_bytes(),
+        upgrade: false,
     };
     if write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
@@ -1270,6 +1334,7 @@ async fn relay_response(
         return Relayed {
             reuse: None,
             upstream_failure: None,
+            tunnel: None,
         };
     }
     add(&w.metrics().bytes_out, len);
@@ -1296,6 +1361,7 @@ async fn relay_response(
                     && !matches!(relay, Relay::UntilClose),
             }),
             upstream_failure: None,
+            tunnel: None,
         },
         Err(e) => {
             let upstream_failure = (e.side() == Side::Upstream).then(|| {
@@ -1321,6 +1387,7 @@ async fn relay_response(
             Relayed {
                 reuse: None,
                 upstream_failure,
+                tunnel: None,
             }
         }
     }

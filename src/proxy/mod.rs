@@ -13,6 +13,7 @@ mod forward;
 pub mod io;
 mod reserved;
 pub mod respond;
+pub mod tunnel;
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -64,6 +65,8 @@ pub struct ClientConn {
     head_pending: bool,
     /// A response was cut short: the connection is reset on close, never lingered.
     aborted: bool,
+    /// A 101 went to the client: the connection continues as this tunnel.
+    tunnel: Option<tunnel::Tunnel>,
 }
 
 impl ClientConn {
@@ -146,6 +149,7 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
         linger: false,
         head_pending: false,
         aborted: false,
+        tunnel: None,
     };
     let mut first = true;
     loop {
@@ -164,6 +168,13 @@ pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr
         first = false;
         let client_keep_alive = conn.head.keep_alive;
         let keep = dispatch(&w, &mut conn).await;
+        if let Some(t) = conn.tunnel.take() {
+            let idle = w.gen().http.tunnel_idle_timeout;
+            let ClientConn { stream, rbuf, .. } = conn;
+            let pending = rbuf.filter(|b| !b.is_empty());
+            tunnel::run(&w, stream, pending, t, idle).await;
+            return;
+        }
         if !keep || w.draining() {
             // A client that did not ask to close may have pipelined more: read it away before
             // closing, or the kernel answers it with a reset that can destroy our response.

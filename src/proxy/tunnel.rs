@@ -1,0 +1,134 @@
+//! Byte tunnels after a protocol switch (101 to an `Upgrade` request: WebSocket and the like).
+//!
+//! ```text
+//! client read ──► upstream write        (one pump per direction, in one task)
+//! upstream read ──► client write
+//! ```
+//!
+//! Each pump reads into a pooled body block and writes it out before reading again, so a slow
+//! side slows the other (no buffering beyond one block per direction). End of stream on one
+//! side half-closes the other side's write and the opposite direction goes on (a WebSocket
+//! close handshake, a server still sending); an error, or no byte either way for
+//! `tunnel_idle_timeout`, ends both. The HTTP timeouts do not apply any more.
+
+use std::cell::Cell;
+use std::io;
+use std::time::{Duration, Instant};
+
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
+use monoio::net::TcpStream;
+
+use super::io::{race, read_by, write_all_by, Either};
+use crate::buf::Block;
+use crate::observe::metrics::add;
+use crate::upstream::UpConn;
+use crate::worker::Worker;
+
+/// A switched exchange waiting for its tunnel: the upstream connection and the upstream bytes
+/// that came with the 101 but did not fit behind it.
+#[derive(Debug)]
+pub struct Tunnel {
+    /// The upstream connection.
+    pub upstream: UpConn,
+    /// Upstream bytes still to give the client.
+    pub pending: Block,
+}
+
+/// Which way a pump moves bytes (for the byte counters).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    ToUpstream,
+    ToClient,
+}
+
+/// Runs the tunnel until both directions ended, or one failed or idled out. `from_client`
+/// holds client bytes already read (sent right after the upgrade request).
+pub async fn run(
+    w: &Worker,
+    client: TcpStream,
+    from_client: Option<Block>,
+    mut t: Tunnel,
+    idle: Duration,
+) {
+    use monoio::io::Splitable;
+    let (mut client_read, mut client_write) = client.into_split();
+    let last = Cell::new(w.now());
+    let UpConn { read, write, .. } = &mut t.upstream;
+    let mut up = std::pin::pin!(pump(
+        w,
+        &mut client_read,
+        write,
+        from_client,
+        &last,
+        idle,
+        Way::ToUpstream
+    ));
+    let mut down = std::pin::pin!(pump(
+        w,
+        read,
+        &mut client_write,
+        Some(std::mem::replace(&mut t.pending, w.pool.take())),
+        &last,
+        idle,
+        Way::ToClient
+    ));
+    let rest = match race(up.as_mut(), down.as_mut()).await {
+        Either::Left(Ok(())) => down.await,
+        Either::Right(Ok(())) => up.await,
+        Either::Left(Err(e)) | Either::Right(Err(e)) => Err(e),
+    };
+    if let Err(e) = rest {
+        tracing::debug!(error = %e, "tunnel closed");
+    }
+}
+
+/// Moves bytes from `src` to `dst` until `src` ends (then shuts `dst`'s write side down).
+async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
+    w: &Worker,
+    src: &mut R,
+    dst: &mut W,
+    first: Option<Block>,
+    last: &Cell<Instant>,
+    idle: Duration,
+    way: Way,
+) -> io::Result<()> {
+    let mut buf = first.unwrap_or_else(|| w.body_pool.take());
+    loop {
+        if !buf.is_empty() {
+            let n = buf.len() as u64;
+            let deadline = w.now() + idle;
+            let (res, b) = write_all_by(dst, buf, deadline, &w.body_pool).await;
+            buf = b;
+            res?;
+            let m = w.metrics();
+            add(
+                if way == Way::ToClient {
+                    &m.bytes_out
+                } else {
+                    &m.bytes_in
+                },
+                n,
+            );
+        }
+        w.body_block(&mut buf);
+        // Idle means idle both ways: wake up at the deadline and look at the other side's
+        // last activity before giving up.
+        let (res, b) = read_by(src, buf, last.get() + idle, &w.body_pool).await;
+        buf = b;
+        match res {
+            Ok(0) => {
+                let _ = dst.shutdown().await;
+                return Ok(());
+            }
+            Ok(_) => last.set(w.now()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                // The precise clock: with the coarse one (a tick behind) the next deadline
+                // could already have passed, and the loop would spin without yielding.
+                if Instant::now().saturating_duration_since(last.get()) >= idle {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "tunnel idle"));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
