@@ -36,6 +36,7 @@ PORTS = {
     "ringway-epoll": 18084,
     "ringway-off": 18085,
     "ringway-on": 18086,
+    "baseline": 18087,
 }
 
 # Resilience features for the on/off comparison (issue: p2c_ewma, breaker, retries and the cap
@@ -250,6 +251,9 @@ def main():
     ap.add_argument("--loadgen-cpu", type=int, default=0)
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--baseline", default=None, metavar="BINARY",
+                    help="another ringway binary (an earlier build) run as target `baseline` with the same "
+                         "config, for before/after ratios of a change")
     args = ap.parse_args()
     LOADGEN_CPU = args.loadgen_cpu
     if args.quick:
@@ -259,6 +263,8 @@ def main():
         rounds, duration = args.rounds or 3, args.duration or 5
         scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss").split(",")
     targets = args.targets.split(",")
+    if args.baseline and "baseline" not in targets:
+        targets.append("baseline")
 
     ensure_tools("paced" in scenarios)
     if not args.no_build:
@@ -304,6 +310,8 @@ def run_all(args, targets, scenarios, rounds, duration):
         port = PORTS.get(t)
         if t == "ringway":
             running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn"))
+        elif t == "baseline":
+            running[t] = start(t, [os.path.abspath(args.baseline), "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn"))
         elif t in FEATURES:
             running[t] = start(t, [rw, "--config", ringway_conf(port, FEATURES[t])], pc, env=dict(os.environ, RUST_LOG="warn"))
         elif t == "ringway-epoll":

@@ -68,13 +68,15 @@ pub enum ErrorKind {
     UpstreamSaturated,
     /// The upstream has no endpoint in rotation (none resolved, or all drained).
     NoEndpoint,
+    /// The request's host is not the TLS server name (SNI) of its connection.
+    Misdirected,
     /// A bug or resource failure inside ringway.
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         ErrorKind::BadRequest,
         ErrorKind::HeadTooLarge,
         ErrorKind::UriTooLong,
@@ -96,6 +98,7 @@ impl ErrorKind {
         ErrorKind::GatewaySaturated,
         ErrorKind::UpstreamSaturated,
         ErrorKind::NoEndpoint,
+        ErrorKind::Misdirected,
         ErrorKind::Internal,
     ];
 
@@ -123,6 +126,7 @@ impl ErrorKind {
             ErrorKind::GatewaySaturated => 503,
             ErrorKind::UpstreamSaturated => 503,
             ErrorKind::NoEndpoint => 503,
+            ErrorKind::Misdirected => 421,
             ErrorKind::Internal => 500,
         })
     }
@@ -151,6 +155,7 @@ impl ErrorKind {
             ErrorKind::GatewaySaturated => "gateway_saturated",
             ErrorKind::UpstreamSaturated => "upstream_saturated",
             ErrorKind::NoEndpoint => "no_upstream_endpoint",
+            ErrorKind::Misdirected => "misdirected_request",
             ErrorKind::Internal => "internal_error",
         }
     }
@@ -181,6 +186,7 @@ impl ErrorKind {
             ErrorKind::GatewaySaturated => "gateway saturated",
             ErrorKind::UpstreamSaturated => "upstream saturated",
             ErrorKind::NoEndpoint => "no upstream endpoint is available",
+            ErrorKind::Misdirected => "this connection cannot serve this host",
             ErrorKind::Internal => "internal error",
         }
     }
@@ -196,6 +202,7 @@ impl ErrorKind {
                 | ErrorKind::GatewaySaturated
                 | ErrorKind::UpstreamSaturated
                 | ErrorKind::NoEndpoint
+                | ErrorKind::Misdirected
                 | ErrorKind::UpstreamConnect
                 | ErrorKind::UpstreamConnectTimeout
                 | ErrorKind::UpstreamTimeout
@@ -330,7 +337,7 @@ mod tests {
 
     #[test]
     fn status_table() {
-        let expected: [(ErrorKind, Option<u16>, bool); 22] = [
+        let expected: [(ErrorKind, Option<u16>, bool); 23] = [
             (ErrorKind::BadRequest, Some(400), true),
             (ErrorKind::HeadTooLarge, Some(431), true),
             (ErrorKind::UriTooLong, Some(414), true),
@@ -352,6 +359,7 @@ mod tests {
             (ErrorKind::GatewaySaturated, Some(503), false),
             (ErrorKind::UpstreamSaturated, Some(503), false),
             (ErrorKind::NoEndpoint, Some(503), false),
+            (ErrorKind::Misdirected, Some(421), false),
             (ErrorKind::Internal, Some(500), false),
         ];
         for (kind, status, closes) in expected {

@@ -25,6 +25,7 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod shared;
+pub mod tls;
 pub mod upstream;
 pub mod worker;
 

@@ -101,14 +101,14 @@ impl Server {
             tracing::info!("io_uring unavailable or disabled: workers use the epoll driver");
         }
 
-        let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+        let mut per_worker: Vec<Vec<(std::net::TcpListener, SocketAddr)>> =
             (0..workers).map(|_| Vec::new()).collect();
         let mut addrs = Vec::new();
         for l in &gen.listeners {
             let group = bind_group(l.address, workers, l.backlog).map_err(StartError::Bind)?;
             addrs.push(group.addr);
             for (i, s) in group.sockets.into_iter().enumerate() {
-                per_worker[i].push(s);
+                per_worker[i].push((s, l.address));
             }
         }
 
@@ -304,7 +304,7 @@ fn worker_thread(
     shared: Arc<Shared>,
     pinning: CpuPinning,
     commands: mpsc::Receiver<WorkerCommand>,
-    sockets: Vec<std::net::TcpListener>,
+    sockets: Vec<(std::net::TcpListener, SocketAddr)>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     if let Some(cpu) = worker::runtime::pin(id, &pinning) {

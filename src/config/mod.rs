@@ -161,6 +161,8 @@ pub struct ListenerConfig {
     pub address: SocketAddr,
     /// listen(2) backlog.
     pub backlog: u32,
+    /// TLS termination, when set.
+    pub tls: Option<std::sync::Arc<crate::tls::TlsListener>>,
 }
 
 /// `[[upstreams]]`
@@ -560,7 +562,20 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
     }
     let _ = writeln!(out, "listeners:");
     for l in &gen.listeners {
-        let _ = writeln!(out, "  {} (backlog {})", l.address, l.backlog);
+        let tls = match &l.tls {
+            None => String::new(),
+            Some(t) => format!(
+                ", TLS: {} certificate file(s), handshake within {:?}{}",
+                t.files.len() / 2,
+                t.handshake_timeout,
+                if t.strict_sni {
+                    ", 421 when the host is not the SNI name"
+                } else {
+                    ""
+                }
+            ),
+        };
+        let _ = writeln!(out, "  {} (backlog {}{tls})", l.address, l.backlog);
     }
     let _ = writeln!(out, "upstreams:");
     if gen.upstreams.is_empty() {

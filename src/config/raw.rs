@@ -69,6 +69,29 @@ pub(crate) struct RawHttp {
 pub(crate) struct RawListener {
     pub(crate) address: Spanned<String>,
     pub(crate) backlog: Option<Spanned<i64>>,
+    pub(crate) tls: Option<Spanned<RawTls>>,
+}
+
+/// `[listeners.tls]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
+    pub(crate) min_version: Option<Spanned<String>>,
+    pub(crate) strict_sni: Option<bool>,
+    pub(crate) handshake_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) sni: Vec<Spanned<RawSniCert>>,
+}
+
+/// `[[listeners.tls.sni]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSniCert {
+    pub(crate) names: Spanned<Vec<String>>,
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -229,7 +229,15 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
             ));
         }
         let backlog = ctx.int(&l_ref.backlog, 1024, 1..65535, "backlog")? as u32;
-        listeners.push(ListenerConfig { address, backlog });
+        let tls = match &l_ref.tls {
+            None => None,
+            Some(t) => Some(std::sync::Arc::new(compile_tls(&ctx, t)?)),
+        };
+        listeners.push(ListenerConfig {
+            address,
+            backlog,
+            tls,
+        });
     }
 
     let mut upstreams = Vec::new();
@@ -288,6 +296,61 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         upstreams,
         routes,
     })
+}
+
+/// A listener's `tls` table: reads and checks the certificates now, so a broken file refuses
+/// the config (at start or reload) instead of failing handshakes later.
+fn compile_tls(
+    ctx: &Ctx<'_>,
+    t: &Spanned<super::raw::RawTls>,
+) -> Result<crate::tls::TlsListener, ConfigError> {
+    use crate::tls::{resolve_path, CertSpec, TlsSpec};
+    let r = t.get_ref();
+    let min_version_13 = match r.min_version.as_ref().map(|v| v.get_ref().as_str()) {
+        None | Some("1.2") => false,
+        Some("1.3") => true,
+        Some(_) => {
+            let span = r.min_version.as_ref().map_or(t.span(), |v| v.span());
+            return Err(ctx.error(span, "tls.min_version must be \"1.2\" or \"1.3\""));
+        }
+    };
+    let mut sni = Vec::new();
+    for c in &r.sni {
+        let cr = c.get_ref();
+        if cr.names.get_ref().is_empty() {
+            return Err(ctx.error(
+                cr.names.span(),
+                "an sni certificate needs at least one name",
+            ));
+        }
+        for n in cr.names.get_ref() {
+            let bare = n.strip_prefix("*.").unwrap_or(n);
+            if bare.is_empty() || !valid_host(bare.as_bytes()) || bare.contains(':') {
+                return Err(ctx.error(
+                    cr.names.span(),
+                    format!("`{n}` is not a host name (or `*.` and one)"),
+                ));
+            }
+        }
+        sni.push(CertSpec {
+            cert: resolve_path(&ctx.base_dir, cr.cert.get_ref()),
+            key: resolve_path(&ctx.base_dir, cr.key.get_ref()),
+            names: cr.names.get_ref().clone(),
+        });
+    }
+    let spec = TlsSpec {
+        default: CertSpec {
+            cert: resolve_path(&ctx.base_dir, r.cert.get_ref()),
+            key: resolve_path(&ctx.base_dir, r.key.get_ref()),
+            names: Vec::new(),
+        },
+        sni,
+        min_version_13,
+        strict_sni: r.strict_sni.unwrap_or(true),
+        handshake_timeout: ctx
+            .duration(&r.handshake_timeout, std::time::Duration::from_secs(10))?,
+    };
+    crate::tls::build(&spec).map_err(|e| ctx.error(t.span(), e))
 }
 
 fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigError> {

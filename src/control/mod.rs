@@ -158,6 +158,19 @@ pub struct Control {
     bound: Vec<(SocketAddr, SocketAddr)>,
     file_stamp: Option<FileStamp>,
     file_hash: Option<u64>,
+    /// Certificate and key files of the generation in force, with their stamps: a change
+    /// reloads the config (new certificates for the next handshakes).
+    cert_files: Vec<(PathBuf, Option<FileStamp>)>,
+}
+
+/// The certificate files `gen` reads, stamped now.
+fn cert_files(gen: &Generation) -> Vec<(PathBuf, Option<FileStamp>)> {
+    gen.listeners
+        .iter()
+        .filter_map(|l| l.tls.as_ref())
+        .flat_map(|t| t.files.iter())
+        .map(|f| (f.clone(), stamp(f)))
+        .collect()
 }
 
 impl Control {
@@ -189,6 +202,7 @@ impl Control {
                 .collect(),
             file_stamp,
             file_hash,
+            cert_files: cert_files(&gen),
         }
     }
 
@@ -221,6 +235,7 @@ impl Control {
         self.file_hash = Some(hash_text(&text));
         self.file_stamp = before;
         let mut gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+        self.cert_files = cert_files(&gen);
         let current = self.shared.published.load_full();
         let book = StateBook::new(Some(&current), self.shared.workers);
         let endpoints = resolve(&gen, &book, Some(&current), true)
@@ -304,7 +319,7 @@ impl Control {
             self.bound.push((configured, group.addr));
             tracing::info!(listener = %group.addr, "listener added");
             for (tx, socket) in self.workers.iter().zip(group.sockets) {
-                let _ = tx.send(WorkerCommand::Listen(socket));
+                let _ = tx.send(WorkerCommand::Listen(socket, configured));
             }
         }
         for configured in removed {
@@ -323,6 +338,22 @@ impl Control {
 
     /// Reloads when the config file's content changed since it was last read.
     fn poll_file(&mut self) {
+        let changed_cert = self
+            .cert_files
+            .iter()
+            .find(|(path, seen)| stamp(path) != *seen)
+            .map(|(path, _)| path.display().to_string());
+        if let Some(path) = changed_cert {
+            tracing::info!(file = %path, "certificate file changed");
+            // Stamped again whatever the outcome: a half-written pair is retried when it
+            // changes again.
+            self.cert_files = self
+                .cert_files
+                .iter()
+                .map(|(p, _)| (p.clone(), stamp(p)))
+                .collect();
+            let _ = self.reload("certificate file changed");
+        }
         let Some(path) = self.source.clone() else {
             return;
         };

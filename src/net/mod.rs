@@ -4,6 +4,7 @@
 //! Ownership: listener sockets are created on the starting thread and handed to workers, each
 //! worker owning its own. Nothing here resolves names: the dialer takes a `SocketAddr`.
 
+pub mod client;
 pub mod dialer;
 pub mod listener;
 pub mod sys;

@@ -35,6 +35,10 @@ pub struct WorkerMetrics {
     pub shed: [AtomicU64; 11],
     /// Exchanges switched to a tunnel (101 to an Upgrade request).
     pub tunnels_opened: AtomicU64,
+    /// TLS handshakes completed.
+    pub tls_handshakes: AtomicU64,
+    /// TLS handshakes that failed or timed out.
+    pub tls_handshake_failures: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -161,6 +165,18 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_connections_active",
         "Client connections open now.",
         accepted.saturating_sub(closed),
+    );
+    counter(
+        out,
+        "ringway_tls_handshakes_total",
+        "TLS handshakes completed.",
+        sum(shards, |s| &s.tls_handshakes),
+    );
+    counter(
+        out,
+        "ringway_tls_handshake_failures_total",
+        "TLS handshakes that failed or timed out.",
+        sum(shards, |s| &s.tls_handshake_failures),
     );
     counter(
         out,

@@ -18,7 +18,6 @@
 
 use std::io as stdio;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -39,6 +38,7 @@ use crate::http1::{
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
     MAX_HEADERS_HARD_LIMIT,
 };
+use crate::net::client::ClientStream;
 use crate::observe::metrics::add;
 use crate::route::criteria::{parse_cookies, HeaderLookup};
 use crate::route::{rewrite_path, Params, ProxyAction, Route};
@@ -898,7 +898,11 @@ fn encode_request(
             ForwardedFor::Replace(peer)
         },
         real_ip: peer,
-        forwarded_proto: if keep_proto { None } else { Some(b"http") },
+        forwarded_proto: match (keep_proto, conn.stream.tls().is_some()) {
+            (true, _) => None,
+            (false, true) => Some(b"https"),
+            (false, false) => Some(b"http"),
+        },
         keep_forwarded: trusted,
         request_id: info.rid.as_bytes(),
         upgrade: head.upgrade,
@@ -987,7 +991,7 @@ where
 async fn pump_request_body(
     w: &Worker,
     cg: &CoreGen,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     rbuf: &mut Option<Block>,
     up: &mut OwnedWriteHalf<TcpStream>,
     framing: BodyFraming,
@@ -1374,7 +1378,7 @@ async fn relay_response(
             if e.side() == Side::Upstream {
                 // The response is cut short: reset the client connection rather than close it,
                 // so that even a close-delimited body cannot pass for complete.
-                crate::net::sys::reset_on_close(conn.stream.as_raw_fd());
+                crate::net::sys::reset_on_close(conn.stream.fd());
                 conn.aborted = true;
                 tracing::warn!(
                     request_id = %info.rid.as_str(),
@@ -1454,7 +1458,7 @@ impl RelayState {
         cg: &CoreGen,
         relay: Relay,
         up: &mut OwnedReadHalf<TcpStream>,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         mut ubuf: Block,
         read_timeout: std::time::Duration,
     ) -> Result<usize, Error> {

@@ -17,6 +17,7 @@ pub mod tunnel;
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monoio::io::AsyncWriteRent;
@@ -29,9 +30,11 @@ use crate::http1::{
     check_partial, may_complete_head, parse_request, BodyFraming, ChunkedDecoder, HeaderKind,
     Method, RequestHead, ResponseHead, Step, Version,
 };
+use crate::net::client::ClientStream;
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
 use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
+use crate::tls::{TlsListener, TlsStream};
 use crate::worker::event::or_event;
 use crate::worker::{CoreGen, Worker};
 use io::read_by;
@@ -50,7 +53,7 @@ pub const LINGER_MAX_BYTES: usize = 256 * 1024;
 /// A client connection.
 #[derive(Debug)]
 pub struct ClientConn {
-    stream: TcpStream,
+    stream: ClientStream,
     /// Read buffer: request heads and body bytes. `None` only after an operation holding it
     /// was cancelled; the connection then closes.
     rbuf: Option<Block>,
@@ -67,6 +70,8 @@ pub struct ClientConn {
     aborted: bool,
     /// A 101 went to the client: the connection continues as this tunnel.
     tunnel: Option<tunnel::Tunnel>,
+    /// TLS with `strict_sni`: a request for another host than the SNI name gets 421.
+    strict_sni: bool,
 }
 
 impl ClientConn {
@@ -132,13 +137,39 @@ impl Drop for ConnGuard {
     }
 }
 
-/// Serves one client connection until it closes. The worker counted it open at accept
-/// (`Worker::connection_opened`); this task counts it closed when it ends.
-pub async fn serve_connection(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one client connection until it closes, after its TLS handshake when `tls` is set.
+/// The worker counted it open at accept (`Worker::connection_opened`); this task counts it
+/// closed when it ends.
+pub async fn serve_connection(
+    w: Rc<Worker>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<TlsListener>>,
+) {
     let _guard = ConnGuard(w.clone());
     let _ = stream.set_nodelay(true);
+    let strict_sni = tls.as_ref().is_some_and(|t| t.strict_sni);
+    let stream = match tls {
+        None => ClientStream::Plain(stream),
+        Some(t) => {
+            use std::os::fd::AsRawFd;
+            let fd = stream.as_raw_fd();
+            match TlsStream::accept(stream, t.config.clone(), t.handshake_timeout).await {
+                Ok(s) => {
+                    add(&w.metrics().tls_handshakes, 1);
+                    ClientStream::Tls(Box::new(s), fd)
+                }
+                Err(e) => {
+                    add(&w.metrics().tls_handshake_failures, 1);
+                    tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            }
+        }
+    };
     let peer_ip = peer.ip().to_canonical();
     let mut conn = ClientConn {
+        strict_sni,
         stream,
         rbuf: Some(w.pool.take()),
         head: RequestHead::default(),
@@ -280,6 +311,18 @@ async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
     keep
 }
 
+/// Whether a request for `host` (port and a final dot ignored, any case) came on a TLS
+/// connection whose SNI name is another one (RFC 9110 §15.5.20: 421): certificates are chosen by
+/// SNI, so such a request could reach a host whose certificate the client never checked.
+fn misdirected(sni: Option<&str>, host: &[u8]) -> bool {
+    let Some(sni) = sni else {
+        return false;
+    };
+    let (host, _) = crate::http1::head::split_host_port(host);
+    let host = host.strip_suffix(b".").unwrap_or(host);
+    !host.eq_ignore_ascii_case(sni.trim_end_matches('.').as_bytes())
+}
+
 /// Header fields of a parsed request head, for route criteria.
 struct HeadView<'a> {
     head: &'a RequestHead,
@@ -322,6 +365,18 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
 
     if let Some(endpoint) = reserved::match_path(path) {
         return reserved::answer(w, cg, conn, endpoint, &info, head_len).await;
+    }
+    if conn.strict_sni && misdirected(conn.stream.tls().and_then(|t| t.sni()), head.host.get(src)) {
+        tracing::debug!(request_id = %rid.as_str(), "host differs from the TLS server name");
+        return answer_local(
+            w,
+            cg,
+            conn,
+            &info,
+            head_len,
+            Answer::Error(ErrorKind::Misdirected),
+        )
+        .await;
     }
 
     let view = HeadView { head, src };

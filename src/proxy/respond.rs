@@ -1,7 +1,7 @@
 //! Responses ringway writes itself: the JSON error envelope, configured `respond` actions and
 //! the reserved endpoints. The only place an error becomes bytes on the wire.
 
-use monoio::net::TcpStream;
+use crate::net::client::ClientStream;
 
 use super::io::write_all_by;
 use super::ReqInfo;
@@ -32,7 +32,7 @@ pub struct Local<'a> {
 pub async fn send(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     resp: Local<'_>,
     req: Option<&ReqInfo>,
     rid: &RequestId,
@@ -102,7 +102,7 @@ pub async fn send(
 pub async fn error(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     kind: ErrorKind,
     req: Option<&ReqInfo>,
     rid: &RequestId,
@@ -132,7 +132,7 @@ pub async fn error(
 pub async fn error_retry_after(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     kind: ErrorKind,
     secs: u64,
     req: &ReqInfo,
@@ -158,7 +158,7 @@ pub async fn error_retry_after(
 pub async fn maintenance(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     m: &Maintenance,
     req: &ReqInfo,
     close: bool,
@@ -184,7 +184,7 @@ pub async fn maintenance(
 async fn envelope_response(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     kind: ErrorKind,
     message: &str,
     retry_after: &[u8],

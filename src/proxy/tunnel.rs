@@ -15,8 +15,8 @@ use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
+use crate::net::client::ClientStream;
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
-use monoio::net::TcpStream;
 
 use super::io::{race, read_by, write_all_by, Either};
 use crate::buf::Block;
@@ -45,12 +45,11 @@ enum Way {
 /// holds client bytes already read (sent right after the upgrade request).
 pub async fn run(
     w: &Worker,
-    client: TcpStream,
+    client: ClientStream,
     from_client: Option<Block>,
     mut t: Tunnel,
     idle: Duration,
 ) {
-    use monoio::io::Splitable;
     let (mut client_read, mut client_write) = client.into_split();
     let last = Cell::new(w.now());
     let UpConn { read, write, .. } = &mut t.upstream;

@@ -43,8 +43,9 @@ const DATE_LEN: usize = 29;
 /// What the control thread asks of a worker besides a new generation.
 #[derive(Debug)]
 pub enum WorkerCommand {
-    /// Start accepting on this socket (a listener added by a reload).
-    Listen(std::net::TcpListener),
+    /// Start accepting on this socket (a listener added by a reload), configured as this
+    /// address.
+    Listen(std::net::TcpListener, SocketAddr),
     /// Stop accepting on this address (a listener removed by a reload); its connections finish.
     Unlisten(SocketAddr),
 }
@@ -124,16 +125,19 @@ impl CoreGen {
 pub struct ListenerSlot {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The address as configured (its key in the generation's listener list).
+    pub configured: SocketAddr,
     /// Fired to stop the accept loop.
     pub stop: Event,
     stopped: Cell<bool>,
 }
 
 impl ListenerSlot {
-    /// A slot for `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
+    /// A slot for `addr`, configured as `configured`.
+    pub fn new(addr: SocketAddr, configured: SocketAddr) -> Self {
         ListenerSlot {
             addr,
+            configured,
             stop: Event::default(),
             stopped: Cell::new(false),
         }
@@ -252,8 +256,8 @@ impl Worker {
     }
 
     /// Tracks a new accept loop.
-    pub fn add_listener(&self, addr: SocketAddr) -> Rc<ListenerSlot> {
-        let slot = Rc::new(ListenerSlot::new(addr));
+    pub fn add_listener(&self, addr: SocketAddr, configured: SocketAddr) -> Rc<ListenerSlot> {
+        let slot = Rc::new(ListenerSlot::new(addr, configured));
         self.listeners.borrow_mut().push(slot.clone());
         slot
     }
@@ -333,8 +337,9 @@ impl Worker {
     }
 
     /// Periodic housekeeping: clock, shutdown flag, new generations and endpoints, idle pool
-    /// reaping, listener changes. Returns the sockets of listeners to start accepting on.
-    pub fn tick(&self) -> Vec<std::net::TcpListener> {
+    /// reaping, listener changes. Returns the sockets of listeners to start accepting on, with
+    /// their configured addresses.
+    pub fn tick(&self) -> Vec<(std::net::TcpListener, SocketAddr)> {
         self.clock.set(Instant::now());
         self.refresh_date();
         let version = self.shared.version.load(Ordering::Acquire);
@@ -374,10 +379,10 @@ impl Worker {
         let mut new_sockets = Vec::new();
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
-                WorkerCommand::Listen(s) => new_sockets.push(s),
+                WorkerCommand::Listen(s, configured) => new_sockets.push((s, configured)),
                 WorkerCommand::Unlisten(addr) => {
                     // A socket added by an earlier reload in this same tick never starts.
-                    new_sockets.retain(|s: &std::net::TcpListener| {
+                    new_sockets.retain(|(s, _): &(std::net::TcpListener, SocketAddr)| {
                         s.local_addr().map_or(true, |a| a != addr)
                     });
                     self.listeners.borrow_mut().retain(|l| {

@@ -36,14 +36,14 @@ pub async fn serve(
     id: usize,
     shared: Arc<Shared>,
     commands: Receiver<WorkerCommand>,
-    sockets: Vec<std::net::TcpListener>,
+    sockets: Vec<(std::net::TcpListener, SocketAddr)>,
     ready: impl FnOnce(Result<(), String>),
 ) {
     let w = Rc::new(Worker::new(id, shared, commands));
     let mut listeners = Vec::with_capacity(sockets.len());
-    for s in sockets {
+    for (s, configured) in sockets {
         match register(s) {
-            Ok(l) => listeners.push(l),
+            Ok((l, addr)) => listeners.push((l, addr, configured)),
             Err(e) => {
                 ready(Err(format!("worker {id}: cannot register a listener: {e}")));
                 return;
@@ -53,16 +53,16 @@ pub async fn serve(
     ready(Ok(()));
     let mut accepts: Vec<_> = listeners
         .into_iter()
-        .map(|(l, addr)| spawn_accept(&w, l, addr))
+        .map(|(l, addr, configured)| spawn_accept(&w, l, addr, configured))
         .collect();
 
     while !w.draining() {
         monoio::time::sleep(TICK).await;
-        for s in w.tick() {
+        for (s, configured) in w.tick() {
             match register(s) {
                 Ok((l, addr)) => {
                     tracing::info!(worker = id, listener = %addr, "listening");
-                    accepts.push(spawn_accept(&w, l, addr));
+                    accepts.push(spawn_accept(&w, l, addr, configured));
                 }
                 Err(e) => {
                     tracing::error!(worker = id, error = %e, "cannot register a new listener")
@@ -92,8 +92,13 @@ fn register(s: std::net::TcpListener) -> std::io::Result<(TcpListener, SocketAdd
     Ok((TcpListener::from_std(s)?, addr))
 }
 
-fn spawn_accept(w: &Rc<Worker>, l: TcpListener, addr: SocketAddr) -> monoio::task::JoinHandle<()> {
-    let slot = w.add_listener(addr);
+fn spawn_accept(
+    w: &Rc<Worker>,
+    l: TcpListener,
+    addr: SocketAddr,
+    configured: SocketAddr,
+) -> monoio::task::JoinHandle<()> {
+    let slot = w.add_listener(addr, configured);
     monoio::spawn(accept_loop(w.clone(), l, slot))
 }
 
@@ -110,7 +115,7 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
         }
         match or_event(&slot.stop, listener.accept()).await {
             None => break,
-            Some(Ok((stream, peer))) => spawn_connection(&w, stream, peer),
+            Some(Ok((stream, peer))) => spawn_connection(&w, &slot, stream, peer),
             Some(Err(e)) => {
                 if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
                     tracing::warn!(worker = w.id, error = %e, "accept failed");
@@ -125,14 +130,27 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
     while let Ok(Ok((stream, peer))) =
         monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
     {
-        spawn_connection(&w, stream, peer);
+        spawn_connection(&w, &slot, stream, peer);
     }
     tracing::debug!(worker = w.id, listener = %slot.addr, "stopped accepting");
 }
 
-fn spawn_connection(w: &Rc<Worker>, stream: monoio::net::TcpStream, peer: SocketAddr) {
+fn spawn_connection(
+    w: &Rc<Worker>,
+    slot: &ListenerSlot,
+    stream: monoio::net::TcpStream,
+    peer: SocketAddr,
+) {
     // Counted here, not in the task, so a burst of accepts cannot overshoot the cap before
     // the spawned tasks first run.
     w.connection_opened();
-    monoio::spawn(crate::proxy::serve_connection(w.clone(), stream, peer));
+    // The generation in force decides TLS (a reload may add or change certificates).
+    let tls = w
+        .current()
+        .gen
+        .listeners
+        .iter()
+        .find(|l| l.address == slot.configured)
+        .and_then(|l| l.tls.clone());
+    monoio::spawn(crate::proxy::serve_connection(w.clone(), stream, peer, tls));
 }

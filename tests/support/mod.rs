@@ -571,3 +571,39 @@ pub fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     (status, body)
 }
+
+/// A scratch directory for config files, removed when dropped.
+pub struct Dir(pub std::path::PathBuf);
+
+impl Dir {
+    pub fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("ringway-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    pub fn config(&self) -> std::path::PathBuf {
+        self.0.join("ringway.toml")
+    }
+
+    /// Replaces the config atomically (write then rename), as editors and deploy tools do.
+    pub fn write(&self, text: &str) {
+        self.write_file("ringway.toml", text.as_bytes());
+    }
+
+    /// Replaces `name` in the directory atomically; returns its path.
+    pub fn write_file(&self, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        let tmp = self.0.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

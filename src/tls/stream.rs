@@ -1,0 +1,370 @@
+//! A TLS connection over a monoio TCP stream: rustls's state machine driven by rent-style I/O.
+//!
+//! ```text
+//! socket ──read──► ciphertext buffer ──read_tls/process──► rustls ──reader──► plaintext scratch
+//!                                                                               │ copy
+//! caller's block ◄──────────────────────────────────────────────────────────────┘
+//! caller's block ──writer──► rustls ──write_tls──► ciphertext buffer ──write_all──► socket
+//! ```
+//!
+//! The TCP stream is split at once and the rustls state sits in an `Rc<RefCell<_>>` borrowed
+//! only between awaits, so the stream can be split again into a read half and a write half
+//! for tunnels (each half owns its own socket half and buffers). Plaintext is copied out of a
+//! per-connection scratch buffer into the caller's block with a raw copy, so no reference to
+//! the block's uninitialized spare bytes is ever made.
+//!
+//! A write cancelled half-way (a timeout) leaves the TLS record stream cut: the write half is
+//! then marked broken and fails every later call.
+
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
+use monoio::net::TcpStream;
+use monoio::BufResult;
+
+/// Ciphertext read per socket read (a little more than one full TLS record).
+const CIPHER_READ: usize = 17 * 1024;
+/// Plaintext scratch: one TLS record's worth.
+const PLAIN_SCRATCH: usize = 16 * 1024;
+
+type Tls = Rc<RefCell<rustls::Connection>>;
+
+/// The read side: ciphertext in, plaintext out.
+pub struct TlsReadHalf {
+    tls: Tls,
+    io: OwnedReadHalf<TcpStream>,
+    cipher: Vec<u8>,
+    pos: usize,
+    plain: Box<[u8]>,
+    eof: bool,
+}
+
+/// The write side: plaintext in, ciphertext out.
+pub struct TlsWriteHalf {
+    tls: Tls,
+    io: OwnedWriteHalf<TcpStream>,
+    out: Vec<u8>,
+    broken: bool,
+}
+
+/// A server-side TLS connection after its handshake.
+pub struct TlsStream {
+    r: TlsReadHalf,
+    w: TlsWriteHalf,
+    sni: Option<Box<str>>,
+    alpn: Option<Box<[u8]>>,
+}
+
+impl std::fmt::Debug for TlsReadHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsReadHalf")
+            .field("eof", &self.eof)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for TlsWriteHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsWriteHalf")
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream")
+            .field("sni", &self.sni)
+            .field("alpn", &self.alpn)
+            .finish()
+    }
+}
+
+fn invalid(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl TlsReadHalf {
+    /// Gives rustls more ciphertext: what is left of the last socket read, else a new read.
+    /// At end of stream rustls is told (it then reports a close without `close_notify`).
+    async fn fill(&mut self) -> io::Result<()> {
+        if self.pos >= self.cipher.len() {
+            let mut v = std::mem::take(&mut self.cipher);
+            v.clear();
+            v.reserve(CIPHER_READ);
+            let (res, v) = self.io.read(v).await;
+            self.cipher = v;
+            self.pos = 0;
+            if res? == 0 {
+                self.eof = true;
+                let mut tls = self.tls.borrow_mut();
+                tls.read_tls(&mut &[][..])?;
+                tls.process_new_packets().map_err(invalid)?;
+                return Ok(());
+            }
+        }
+        let mut tls = self.tls.borrow_mut();
+        let n = tls.read_tls(&mut &self.cipher[self.pos..])?;
+        self.pos += n;
+        tls.process_new_packets().map_err(invalid)?;
+        Ok(())
+    }
+
+    /// Reads plaintext into `buf`'s spare bytes.
+    async fn read_plain<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
+        let cap = buf.bytes_total().min(self.plain.len());
+        if cap == 0 {
+            return (Ok(0), buf);
+        }
+        loop {
+            let r = self.tls.borrow_mut().reader().read(&mut self.plain[..cap]);
+            match r {
+                Ok(n) => {
+                    // SAFETY: `n <= cap <= buf.bytes_total()` bytes are writable at
+                    // `write_ptr` (IoBufMut's contract), the source is our own initialized
+                    // scratch, and the two do not overlap; `set_init` then covers exactly them.
+                    unsafe {
+                        buf.write_ptr()
+                            .copy_from_nonoverlapping(self.plain.as_ptr(), n);
+                        buf.set_init(n);
+                    }
+                    return (Ok(n), buf);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.eof {
+                        return (Ok(0), buf);
+                    }
+                    if let Err(e) = self.fill().await {
+                        return (Err(e), buf);
+                    }
+                }
+                Err(e) => return (Err(e), buf),
+            }
+        }
+    }
+}
+
+impl TlsWriteHalf {
+    fn wants_write(&self) -> bool {
+        self.tls.borrow().wants_write()
+    }
+
+    /// Writes every ciphertext byte rustls has queued.
+    async fn flush_out(&mut self) -> io::Result<()> {
+        if self.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        loop {
+            {
+                let mut tls = self.tls.borrow_mut();
+                if !tls.wants_write() {
+                    return Ok(());
+                }
+                self.out.clear();
+                while tls.wants_write() {
+                    tls.write_tls(&mut self.out)?;
+                }
+            }
+            let v = std::mem::take(&mut self.out);
+            self.broken = true;
+            let (res, v) = self.io.write_all(v).await;
+            self.broken = false;
+            self.out = v;
+            res?;
+        }
+    }
+
+    async fn write_plain<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        // SAFETY: IoBuf's contract: `bytes_init` bytes at `read_ptr` are initialized and stay
+        // valid while we hold `buf`.
+        let data = unsafe { std::slice::from_raw_parts(buf.read_ptr(), buf.bytes_init()) };
+        if self.broken {
+            return (Err(io::ErrorKind::BrokenPipe.into()), buf);
+        }
+        let n = match self.tls.borrow_mut().writer().write(data) {
+            Ok(n) => n,
+            Err(e) => return (Err(e), buf),
+        };
+        let res = self.flush_out().await.map(|()| n);
+        (res, buf)
+    }
+
+    async fn close(&mut self) -> io::Result<()> {
+        self.tls.borrow_mut().send_close_notify();
+        let flushed = self.flush_out().await;
+        let shut = self.io.shutdown().await;
+        flushed.and(shut)
+    }
+}
+
+impl TlsStream {
+    /// Runs the server handshake on `tcp` with `config`, within `timeout`.
+    pub async fn accept(
+        tcp: TcpStream,
+        config: Arc<rustls::ServerConfig>,
+        timeout: Duration,
+    ) -> io::Result<TlsStream> {
+        let conn = rustls::ServerConnection::new(config).map_err(invalid)?;
+        let tls: Tls = Rc::new(RefCell::new(rustls::Connection::Server(conn)));
+        let (r, w) = tcp.into_split();
+        let mut s = TlsStream {
+            r: TlsReadHalf {
+                tls: tls.clone(),
+                io: r,
+                cipher: Vec::new(),
+                pos: 0,
+                plain: vec![0u8; PLAIN_SCRATCH].into_boxed_slice(),
+                eof: false,
+            },
+            w: TlsWriteHalf {
+                tls,
+                io: w,
+                out: Vec::new(),
+                broken: false,
+            },
+            sni: None,
+            alpn: None,
+        };
+        match monoio::time::timeout(timeout, s.handshake()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        }
+        if let rustls::Connection::Server(c) = &*s.r.tls.borrow() {
+            s.sni = c.server_name().map(Box::from);
+            s.alpn = c.alpn_protocol().map(Box::from);
+        }
+        Ok(s)
+    }
+
+    async fn handshake(&mut self) -> io::Result<()> {
+        loop {
+            if self.w.wants_write() {
+                self.w.flush_out().await?;
+            }
+            if !self.r.tls.borrow().is_handshaking() {
+                return Ok(());
+            }
+            if self.r.eof {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            if let Err(e) = self.r.fill().await {
+                // rustls queued an alert saying why: send it, best effort.
+                let _ = self.w.flush_out().await;
+                return Err(e);
+            }
+        }
+    }
+
+    /// The SNI name the client sent, if any.
+    pub fn sni(&self) -> Option<&str> {
+        self.sni.as_deref()
+    }
+
+    /// The ALPN protocol agreed on, if any.
+    pub fn alpn(&self) -> Option<&[u8]> {
+        self.alpn.as_deref()
+    }
+
+    /// Splits into halves that can be used at once (tunnels).
+    pub fn into_split(self) -> (TlsReadHalf, TlsWriteHalf) {
+        (self.r, self.w)
+    }
+}
+
+impl AsyncReadRent for TlsReadHalf {
+    fn read<T: IoBufMut>(
+        &mut self,
+        buf: T,
+    ) -> impl std::future::Future<Output = BufResult<usize, T>> {
+        self.read_plain(buf)
+    }
+
+    async fn readv<T: IoVecBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
+        // SAFETY: `buf` outlives `raw`, which points into its first slice only.
+        let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
+            return (Ok(0), buf);
+        };
+        let (res, _) = self.read_plain(raw).await;
+        if let Ok(n) = res {
+            // SAFETY: `n` bytes were written at the start of the first slice.
+            unsafe { buf.set_init(n) };
+        }
+        (res, buf)
+    }
+}
+
+impl AsyncWriteRent for TlsWriteHalf {
+    fn write<T: IoBuf>(
+        &mut self,
+        buf: T,
+    ) -> impl std::future::Future<Output = BufResult<usize, T>> {
+        self.write_plain(buf)
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        // SAFETY: `buf` outlives `raw`, which points into its first slice only.
+        let Some(raw) = (unsafe { RawBuf::new_from_iovec(&buf) }) else {
+            return (Ok(0), buf);
+        };
+        let (res, _) = self.write_plain(raw).await;
+        (res, buf)
+    }
+
+    fn flush(&mut self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.flush_out()
+    }
+
+    fn shutdown(&mut self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.close()
+    }
+}
+
+impl AsyncReadRent for TlsStream {
+    async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        let out = self.r.read_plain(buf).await;
+        // Post-handshake messages (a key update) may want an answer.
+        if self.w.wants_write() {
+            let _ = self.w.flush_out().await;
+        }
+        out
+    }
+
+    fn readv<T: IoVecBufMut>(
+        &mut self,
+        buf: T,
+    ) -> impl std::future::Future<Output = BufResult<usize, T>> {
+        self.r.readv(buf)
+    }
+}
+
+impl AsyncWriteRent for TlsStream {
+    fn write<T: IoBuf>(
+        &mut self,
+        buf: T,
+    ) -> impl std::future::Future<Output = BufResult<usize, T>> {
+        self.w.write(buf)
+    }
+
+    fn writev<T: IoVecBuf>(
+        &mut self,
+        buf: T,
+    ) -> impl std::future::Future<Output = BufResult<usize, T>> {
+        self.w.writev(buf)
+    }
+
+    fn flush(&mut self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.w.flush_out()
+    }
+
+    fn shutdown(&mut self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.w.close()
+    }
+}

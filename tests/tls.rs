@@ -1,0 +1,344 @@
+//! TLS termination over real sockets, with certificates made here (rcgen) and a rustls client:
+//! HTTPS requests and X-Forwarded-Proto, certificate choice by SNI (exact, wildcard, default),
+//! 421 for a host that is not the SNI name, certificates reloaded when their files change
+//! while established connections go on, the handshake timeout, plaintext on a TLS port, and
+//! a tunnel over TLS.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
+use support::*;
+
+/// A self-signed certificate for `names`: (cert PEM, key PEM, cert DER).
+fn cert(names: &[&str]) -> (String, String, Vec<u8>) {
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    (
+        ck.cert.pem(),
+        ck.key_pair.serialize_pem(),
+        ck.cert.der().to_vec(),
+    )
+}
+
+/// Accepts any certificate and remembers the one presented (the tests compare it).
+#[derive(Debug)]
+struct Capture(Mutex<Option<Vec<u8>>>, Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for Capture {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.0.lock().unwrap() = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.1.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.1.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.1.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+struct TlsClient {
+    stream: BufReader<StreamOwned<ClientConnection, TcpStream>>,
+    presented: Vec<u8>,
+}
+
+impl TlsClient {
+    fn connect(addr: SocketAddr, sni: &str) -> TlsClient {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let capture = Arc::new(Capture(Mutex::new(None), provider.clone()));
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(capture.clone())
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let conn = ClientConnection::new(
+            Arc::new(config),
+            ServerName::try_from(sni.to_string()).unwrap(),
+        )
+        .unwrap();
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut stream = StreamOwned::new(conn, tcp);
+        stream.flush().unwrap();
+        while stream.conn.is_handshaking() {
+            stream
+                .conn
+                .complete_io(&mut stream.sock)
+                .expect("handshake");
+        }
+        assert_eq!(
+            stream.conn.alpn_protocol(),
+            Some(&b"http/1.1"[..]),
+            "h1 until h2 is offered"
+        );
+        let presented = capture.0.lock().unwrap().clone().unwrap();
+        TlsClient {
+            stream: BufReader::new(stream),
+            presented,
+        }
+    }
+
+    fn request(&mut self, host: &str, path: &str) -> Response {
+        self.stream
+            .get_mut()
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .unwrap();
+        read_response(&mut self.stream, false).expect("a response")
+    }
+}
+
+/// A TLS listener config: `default` for `default.test`, `a` for `a.test`, `b` for
+/// `*.b.test`, in `dir`; routes `/` to `origin`.
+fn tls_config(dir: &Dir, origin: SocketAddr, extra_tls: &str) -> String {
+    format!(
+        "workers = 2\ncpus = []\nlog_level = \"warn\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [[listeners]]\naddress = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncert = \"default.pem\"\nkey = \"default.key\"\nhandshake_timeout = \"300ms\"\n{extra_tls}\n\
+         [[listeners.tls.sni]]\nnames = [\"a.test\"]\ncert = \"a.pem\"\nkey = \"a.key\"\n\
+         [[listeners.tls.sni]]\nnames = [\"*.b.test\"]\ncert = \"b.pem\"\nkey = \"b.key\"\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    )
+    .replace("{dir}", &dir.0.display().to_string())
+}
+
+struct Certs {
+    default: Vec<u8>,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+fn write_certs(dir: &Dir) -> Certs {
+    let mut ders = Vec::new();
+    for (name, names) in [
+        ("default", vec!["default.test"]),
+        ("a", vec!["a.test"]),
+        ("b", vec!["*.b.test"]),
+    ] {
+        let (pem, key, der) = cert(&names);
+        dir.write_file(&format!("{name}.pem"), pem.as_bytes());
+        dir.write_file(&format!("{name}.key"), key.as_bytes());
+        ders.push(der);
+    }
+    Certs {
+        b: ders.pop().unwrap(),
+        a: ders.pop().unwrap(),
+        default: ders.pop().unwrap(),
+    }
+}
+
+fn start(dir: &Dir, text: &str) -> (ringway::Server, SocketAddr) {
+    dir.write(text);
+    ringway::observe::log::init("warn");
+    let gen = ringway::config::load(&dir.config()).expect("config compiles");
+    let server = ringway::Server::start(gen).expect("starts");
+    let addr = server.local_addrs()[0];
+    (server, addr)
+}
+
+#[test]
+fn https_is_served_with_the_sni_certificate_and_forwarded_proto() {
+    let dir = Dir::new("tls-sni");
+    let certs = write_certs(&dir);
+    let origin =
+        Origin::start(|r| Reply::text(200, r.header("x-forwarded-proto").unwrap_or("none")));
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+
+    let mut c = TlsClient::connect(addr, "a.test");
+    assert_eq!(c.presented, certs.a, "exact name");
+    let r = c.request("a.test", "/");
+    assert_eq!((r.status, r.text().as_str()), (200, "https"));
+    let r = c.request("A.TEST:443", "/again");
+    assert_eq!(r.status, 200, "host compared without port and case");
+
+    assert_eq!(
+        TlsClient::connect(addr, "x.b.test").presented,
+        certs.b,
+        "wildcard"
+    );
+    assert_eq!(
+        TlsClient::connect(addr, "y.x.b.test").presented,
+        certs.default,
+        "one label only"
+    );
+    assert_eq!(
+        TlsClient::connect(addr, "other.test").presented,
+        certs.default,
+        "default"
+    );
+
+    let m = metrics_tls(addr);
+    assert!(m >= 4.0, "{m}");
+    server.shutdown();
+    server.join();
+}
+
+fn metrics_tls(addr: SocketAddr) -> f64 {
+    let mut c = TlsClient::connect(addr, "default.test");
+    let text = c.request("default.test", "/metrics").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ringway_tls_handshakes_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_host_other_than_the_sni_name_gets_421_unless_relaxed() {
+    let dir = Dir::new("tls-421");
+    write_certs(&dir);
+    let origin = Origin::ok("ok");
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+    let mut c = TlsClient::connect(addr, "a.test");
+    let r = c.request("b.test", "/");
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (421, Some("misdirected_request"))
+    );
+    assert_eq!(
+        c.request("a.test", "/").status,
+        200,
+        "the connection goes on"
+    );
+    assert!(origin.requests().len() == 1);
+    server.shutdown();
+    server.join();
+
+    let dir = Dir::new("tls-421-off");
+    write_certs(&dir);
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, "strict_sni = false"));
+    let mut c = TlsClient::connect(addr, "a.test");
+    assert_eq!(c.request("b.test", "/").status, 200);
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn new_certificates_apply_to_new_handshakes_and_old_connections_go_on() {
+    let dir = Dir::new("tls-reload");
+    let certs = write_certs(&dir);
+    let origin = Origin::ok("ok");
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+    let mut old = TlsClient::connect(addr, "a.test");
+    assert_eq!(old.presented, certs.a);
+    assert_eq!(old.request("a.test", "/").status, 200);
+
+    // Replace a.test's certificate and key (a renewal): the file watch reloads.
+    let (pem, key, der) = cert(&["a.test"]);
+    dir.write_file("a.key", key.as_bytes());
+    dir.write_file("a.pem", pem.as_bytes());
+    let renewed = wait_until(Duration::from_secs(10), || {
+        TlsClient::connect(addr, "a.test").presented == der
+    });
+    assert!(renewed, "the new certificate is served");
+    assert!(server.generation() >= 2);
+    // The connection made before the renewal still serves requests.
+    assert_eq!(old.request("a.test", "/still").status, 200);
+    // A broken file is refused; the running certificates stay.
+    dir.write_file("a.pem", b"not a certificate");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(TlsClient::connect(addr, "a.test").presented, der);
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn a_silent_client_is_dropped_after_the_handshake_timeout_and_plaintext_is_refused() {
+    let dir = Dir::new("tls-timeout");
+    write_certs(&dir);
+    let origin = Origin::ok("ok");
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        !String::from_utf8_lossy(&got).contains("HTTP/1.1"),
+        "no HTTP answer on a TLS port"
+    );
+    assert!(origin.requests().is_empty());
+    server.shutdown();
+    server.join();
+}
+
+#[test]
+fn an_upgrade_tunnels_over_tls() {
+    let dir = Dir::new("tls-tunnel");
+    write_certs(&dir);
+    let origin = raw_origin(|mut s| {
+        let _ = read_head_raw(&mut s);
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x-echo\r\nConnection: Upgrade\r\n\r\n",
+        )
+        .unwrap();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => s.write_all(&buf[..n]).unwrap(),
+            }
+        }
+    });
+    let (server, addr) = start(&dir, &tls_config(&dir, origin, ""));
+    let mut c = TlsClient::connect(addr, "a.test");
+    c.stream
+        .get_mut()
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: x-echo\r\nConnection: upgrade\r\n\r\n",
+        )
+        .unwrap();
+    let r = read_response(&mut c.stream, true).unwrap();
+    assert_eq!(r.status, 101);
+    let payload = pattern(200_000, 9);
+    let s = c.stream.get_mut();
+    s.write_all(&payload).unwrap();
+    let mut back = vec![0u8; payload.len()];
+    c.stream.read_exact(&mut back).unwrap();
+    assert_eq!(fnv(&back), fnv(&payload));
+    drop(c); // a tunnel holds the drain until it ends (or shutdown_timeout)
+    server.shutdown();
+    server.join();
+}
