@@ -17,7 +17,8 @@ use crate::upstream::state::{
 /// One worker's counters.
 #[derive(Debug, Default)]
 pub struct WorkerMetrics {
-    /// Responses sent, by status class (index 0 = 1xx ... 4 = 5xx).
+    /// Responses sent, by status class (index 0 = 1xx ... 4 = 5xx), counted as their head is
+    /// written (so a client that read one sees it counted).
     pub responses: [AtomicU64; 5],
     /// Client connections accepted.
     pub connections_accepted: AtomicU64,

@@ -1228,6 +1228,7 @@ async fn switch_protocols(
     out.put_from(&mut ubuf);
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
+    w.metrics().response(101);
     let (res, _) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
     if res.is_err() {
         return Relayed {
@@ -1237,7 +1238,6 @@ async fn switch_protocols(
         };
     }
     add(&w.metrics().bytes_out, len);
-    w.metrics().response(101);
     Relayed {
         reuse: None,
         upstream_failure: None,
@@ -1333,6 +1333,7 @@ async fn relay_response(
     }
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
+    w.metrics().response(status);
     let (res, _out) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
     if res.is_err() {
         return Relayed {
@@ -1342,7 +1343,6 @@ async fn relay_response(
         };
     }
     add(&w.metrics().bytes_out, len);
-    w.metrics().response(status);
 
     match relay_state
         .relay_rest(

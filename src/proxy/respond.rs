@@ -77,6 +77,9 @@ pub async fn send(
     }
     let mut body = if head_only { &[][..] } else { resp.body };
     let deadline = w.now() + cg.gen.http.send_timeout;
+    // Counted before the write: a client that has read the response and asks /metrics next
+    // must see it counted.
+    w.metrics().response(resp.status);
     loop {
         let n = out.spare().min(body.len());
         // Fits by construction: n <= spare.
@@ -93,7 +96,6 @@ pub async fn send(
             break;
         }
     }
-    w.metrics().response(resp.status);
     true
 }
 
