@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod h2;
 pub mod http1;
 pub mod net;
 pub mod observe;

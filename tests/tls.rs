@@ -81,7 +81,7 @@ impl TlsClient {
             .dangerous()
             .with_custom_certificate_verifier(capture.clone())
             .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let conn = ClientConnection::new(
             Arc::new(config),
             ServerName::try_from(sni.to_string()).unwrap(),
@@ -100,7 +100,7 @@ impl TlsClient {
         assert_eq!(
             stream.conn.alpn_protocol(),
             Some(&b"http/1.1"[..]),
-            "h1 until h2 is offered"
+            "this client speaks HTTP/1.1 only"
         );
         let presented = capture.0.lock().unwrap().clone().unwrap();
         TlsClient {

@@ -52,6 +52,8 @@ pub struct Generation {
     pub admin: Option<AdminConfig>,
     /// Client-side HTTP limits and timeouts.
     pub http: HttpConfig,
+    /// HTTP/2 inbound.
+    pub http2: Http2Config,
     /// Listening sockets.
     pub listeners: Vec<ListenerConfig>,
     /// Upstreams, referenced by index from routes.
@@ -117,6 +119,29 @@ pub struct GatewayConfig {
 
 /// Routes of this `priority_class` or above may use the reserved share of the gateway cap.
 pub const HIGH_PRIORITY_CLASS: u8 = 8;
+
+/// `[http2]`: HTTP/2 inbound (h2 by ALPN on TLS listeners, h2c by prior knowledge).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http2Config {
+    /// Offer and accept HTTP/2.
+    pub enabled: bool,
+    /// Streams a client may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Flow-control window per stream (bytes the client may send before ringway acknowledges).
+    pub initial_stream_window: u32,
+    /// Flow-control window per connection.
+    pub initial_connection_window: u32,
+    /// Largest frame payload accepted.
+    pub max_frame_size: u32,
+    /// Largest decoded header list (also bounds CONTINUATION frames).
+    pub max_header_list_bytes: u32,
+    /// Streams reset by the client before ringway accepted them, at most, at once (rapid
+    /// reset, CVE-2023-44487); beyond it the connection is closed.
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams ringway had to reset for the client's protocol errors, at most, per
+    /// connection; beyond it the connection is closed.
+    pub max_local_error_reset_streams: usize,
+}
 
 /// `[http]`: limits and timeouts on the client side.
 #[derive(Debug, Clone)]

@@ -20,11 +20,27 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) http: RawHttp,
     #[serde(default)]
+    pub(crate) http2: RawHttp2,
+    #[serde(default)]
     pub(crate) listeners: Vec<Spanned<RawListener>>,
     #[serde(default)]
     pub(crate) upstreams: Vec<Spanned<RawUpstream>>,
     #[serde(default)]
     pub(crate) routes: Vec<Spanned<RawRoute>>,
+}
+
+/// `[http2]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHttp2 {
+    pub(crate) enabled: Option<bool>,
+    pub(crate) max_concurrent_streams: Option<Spanned<i64>>,
+    pub(crate) initial_stream_window: Option<Spanned<i64>>,
+    pub(crate) initial_connection_window: Option<Spanned<i64>>,
+    pub(crate) max_frame_size: Option<Spanned<i64>>,
+    pub(crate) max_header_list_bytes: Option<Spanned<i64>>,
+    pub(crate) max_pending_accept_reset_streams: Option<Spanned<i64>>,
+    pub(crate) max_local_error_reset_streams: Option<Spanned<i64>>,
 }
 
 /// `workers = 4` or `workers = "auto"`.

@@ -186,6 +186,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
     }
 
     let http = compile_http(&ctx, &raw)?;
+    let http2 = compile_http2(&ctx, &raw, &http)?;
 
     let admin = match &raw.admin {
         None => None,
@@ -231,7 +232,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         let backlog = ctx.int(&l_ref.backlog, 1024, 1..65535, "backlog")? as u32;
         let tls = match &l_ref.tls {
             None => None,
-            Some(t) => Some(std::sync::Arc::new(compile_tls(&ctx, t)?)),
+            Some(t) => Some(std::sync::Arc::new(compile_tls(&ctx, t, http2.enabled)?)),
         };
         listeners.push(ListenerConfig {
             address,
@@ -292,6 +293,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         },
         admin,
         http,
+        http2,
         listeners,
         upstreams,
         routes,
@@ -303,6 +305,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 fn compile_tls(
     ctx: &Ctx<'_>,
     t: &Spanned<super::raw::RawTls>,
+    h2: bool,
 ) -> Result<crate::tls::TlsListener, ConfigError> {
     use crate::tls::{resolve_path, CertSpec, TlsSpec};
     let r = t.get_ref();
@@ -349,8 +352,62 @@ fn compile_tls(
         strict_sni: r.strict_sni.unwrap_or(true),
         handshake_timeout: ctx
             .duration(&r.handshake_timeout, std::time::Duration::from_secs(10))?,
+        h2,
     };
     crate::tls::build(&spec).map_err(|e| ctx.error(t.span(), e))
+}
+
+fn compile_http2(
+    ctx: &Ctx<'_>,
+    raw: &RawConfig,
+    http: &HttpConfig,
+) -> Result<super::Http2Config, ConfigError> {
+    let h = &raw.http2;
+    Ok(super::Http2Config {
+        enabled: h.enabled.unwrap_or(true),
+        max_concurrent_streams: ctx.int(
+            &h.max_concurrent_streams,
+            100,
+            1..10_000,
+            "http2.max_concurrent_streams",
+        )? as u32,
+        initial_stream_window: ctx.int(
+            &h.initial_stream_window,
+            256 * 1024,
+            65_535..(1 << 31) - 1,
+            "http2.initial_stream_window",
+        )? as u32,
+        initial_connection_window: ctx.int(
+            &h.initial_connection_window,
+            1024 * 1024,
+            65_535..(1 << 31) - 1,
+            "http2.initial_connection_window",
+        )? as u32,
+        max_frame_size: ctx.int(
+            &h.max_frame_size,
+            16_384,
+            16_384..16_777_215,
+            "http2.max_frame_size",
+        )? as u32,
+        max_header_list_bytes: ctx.int(
+            &h.max_header_list_bytes,
+            http.limits.max_head_bytes as u64,
+            1024..1024 * 1024,
+            "http2.max_header_list_bytes",
+        )? as u32,
+        max_pending_accept_reset_streams: ctx.int(
+            &h.max_pending_accept_reset_streams,
+            20,
+            1..10_000,
+            "http2.max_pending_accept_reset_streams",
+        )? as usize,
+        max_local_error_reset_streams: ctx.int(
+            &h.max_local_error_reset_streams,
+            1024,
+            1..1_000_000,
+            "http2.max_local_error_reset_streams",
+        )? as usize,
+    })
 }
 
 fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigError> {

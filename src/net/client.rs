@@ -11,6 +11,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, S
 use monoio::net::TcpStream;
 use monoio::BufResult;
 
+use crate::h2::bridge::VirtualConn;
 use crate::tls::{TlsReadHalf, TlsStream, TlsWriteHalf};
 
 /// A client connection.
@@ -20,6 +21,8 @@ pub enum ClientStream {
     Plain(TcpStream),
     /// TLS, after its handshake.
     Tls(Box<TlsStream>, RawFd),
+    /// One HTTP/2 stream, as a virtual HTTP/1.1 connection (`h2::bridge`).
+    Virtual(VirtualConn),
 }
 
 /// The read half of a split client connection (tunnels).
@@ -41,33 +44,47 @@ pub enum ClientWrite {
 }
 
 impl ClientStream {
-    /// The socket's descriptor (for socket options such as the reset on close).
-    pub fn fd(&self) -> RawFd {
+    /// The socket's descriptor (for socket options such as the reset on close); none for a
+    /// virtual connection.
+    pub fn fd(&self) -> Option<RawFd> {
         match self {
-            ClientStream::Plain(s) => s.as_raw_fd(),
-            ClientStream::Tls(_, fd) => *fd,
+            ClientStream::Plain(s) => Some(s.as_raw_fd()),
+            ClientStream::Tls(_, fd) => Some(*fd),
+            ClientStream::Virtual(_) => None,
         }
     }
 
-    /// The TLS session, when there is one.
-    pub fn tls(&self) -> Option<&TlsStream> {
+    /// Whether the client's connection is TLS.
+    pub fn is_tls(&self) -> bool {
+        match self {
+            ClientStream::Plain(_) => false,
+            ClientStream::Tls(..) => true,
+            ClientStream::Virtual(v) => v.is_tls(),
+        }
+    }
+
+    /// The TLS SNI name of the client's connection, if any.
+    pub fn sni(&self) -> Option<&str> {
         match self {
             ClientStream::Plain(_) => None,
-            ClientStream::Tls(t, _) => Some(t),
+            ClientStream::Tls(t, _) => t.sni(),
+            ClientStream::Virtual(v) => v.sni(),
         }
     }
 
-    /// Splits into halves usable at once.
-    pub fn into_split(self) -> (ClientRead, ClientWrite) {
+    /// Splits into halves usable at once; `None` for a virtual connection (HTTP/2 streams
+    /// are never tunnelled).
+    pub fn into_split(self) -> Option<(ClientRead, ClientWrite)> {
         match self {
             ClientStream::Plain(s) => {
                 let (r, w) = s.into_split();
-                (ClientRead::Plain(r), ClientWrite::Plain(w))
+                Some((ClientRead::Plain(r), ClientWrite::Plain(w)))
             }
             ClientStream::Tls(t, _) => {
                 let (r, w) = t.into_split();
-                (ClientRead::Tls(r), ClientWrite::Tls(w))
+                Some((ClientRead::Tls(r), ClientWrite::Tls(w)))
             }
+            ClientStream::Virtual(_) => None,
         }
     }
 }
@@ -77,6 +94,7 @@ impl AsyncReadRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.read(buf).await,
             ClientStream::Tls(s, _) => s.read(buf).await,
+            ClientStream::Virtual(s) => s.read(buf).await,
         }
     }
 
@@ -84,6 +102,7 @@ impl AsyncReadRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.readv(buf).await,
             ClientStream::Tls(s, _) => s.readv(buf).await,
+            ClientStream::Virtual(s) => s.readv(buf).await,
         }
     }
 }
@@ -93,6 +112,7 @@ impl AsyncWriteRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.write(buf).await,
             ClientStream::Tls(s, _) => s.write(buf).await,
+            ClientStream::Virtual(s) => s.write(buf).await,
         }
     }
 
@@ -100,6 +120,7 @@ impl AsyncWriteRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.writev(buf).await,
             ClientStream::Tls(s, _) => s.writev(buf).await,
+            ClientStream::Virtual(s) => s.writev(buf).await,
         }
     }
 
@@ -107,6 +128,7 @@ impl AsyncWriteRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.flush().await,
             ClientStream::Tls(s, _) => s.flush().await,
+            ClientStream::Virtual(s) => s.flush().await,
         }
     }
 
@@ -114,6 +136,7 @@ impl AsyncWriteRent for ClientStream {
         match self {
             ClientStream::Plain(s) => s.shutdown().await,
             ClientStream::Tls(s, _) => s.shutdown().await,
+            ClientStream::Virtual(s) => s.shutdown().await,
         }
     }
 }

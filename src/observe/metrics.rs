@@ -36,6 +36,10 @@ pub struct WorkerMetrics {
     pub shed: [AtomicU64; 11],
     /// Exchanges switched to a tunnel (101 to an Upgrade request).
     pub tunnels_opened: AtomicU64,
+    /// HTTP/2 connections established.
+    pub h2_connections: AtomicU64,
+    /// HTTP/2 streams accepted.
+    pub h2_streams: AtomicU64,
     /// TLS handshakes completed.
     pub tls_handshakes: AtomicU64,
     /// TLS handshakes that failed or timed out.
@@ -166,6 +170,18 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_connections_active",
         "Client connections open now.",
         accepted.saturating_sub(closed),
+    );
+    counter(
+        out,
+        "ringway_h2_connections_total",
+        "HTTP/2 connections established (h2 and h2c).",
+        sum(shards, |s| &s.h2_connections),
+    );
+    counter(
+        out,
+        "ringway_h2_streams_total",
+        "HTTP/2 streams accepted.",
+        sum(shards, |s| &s.h2_streams),
     );
     counter(
         out,

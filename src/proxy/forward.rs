@@ -898,7 +898,7 @@ fn encode_request(
             ForwardedFor::Replace(peer)
         },
         real_ip: peer,
-        forwarded_proto: match (keep_proto, conn.stream.tls().is_some()) {
+        forwarded_proto: match (keep_proto, conn.stream.is_tls()) {
             (true, _) => None,
             (false, true) => Some(b"https"),
             (false, false) => Some(b"http"),
@@ -1378,7 +1378,9 @@ async fn relay_response(
             if e.side() == Side::Upstream {
                 // The response is cut short: reset the client connection rather than close it,
                 // so that even a close-delimited body cannot pass for complete.
-                crate::net::sys::reset_on_close(conn.stream.fd());
+                if let Some(fd) = conn.stream.fd() {
+                    crate::net::sys::reset_on_close(fd);
+                }
                 conn.aborted = true;
                 tracing::warn!(
                     request_id = %info.rid.as_str(),

@@ -155,6 +155,11 @@ pub async fn serve_connection(
             use std::os::fd::AsRawFd;
             let fd = stream.as_raw_fd();
             match TlsStream::accept(stream, t.config.clone(), t.handshake_timeout).await {
+                Ok(s) if s.alpn() == Some(crate::h2::ALPN_H2) => {
+                    add(&w.metrics().tls_handshakes, 1);
+                    serve_h2_tls(w.clone(), s, peer, strict_sni).await;
+                    return;
+                }
                 Ok(s) => {
                     add(&w.metrics().tls_handshakes, 1);
                     ClientStream::Tls(Box::new(s), fd)
@@ -167,6 +172,41 @@ pub async fn serve_connection(
             }
         }
     };
+    serve_client(w, stream, peer, strict_sni).await;
+}
+
+/// Serves one HTTP/2 stream (as a virtual HTTP/1.1 connection, see `h2::bridge`). Not counted
+/// as a connection: its HTTP/2 connection is.
+pub async fn serve_virtual(
+    w: Rc<Worker>,
+    conn: crate::h2::bridge::VirtualConn,
+    peer: SocketAddr,
+    strict_sni: bool,
+) {
+    serve_client(w, ClientStream::Virtual(conn), peer, strict_sni).await;
+}
+
+/// Continues a TLS connection that agreed on HTTP/2 in poll style for the h2 crate.
+async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni: bool) {
+    let sni: Option<Rc<str>> = s.sni().map(Rc::from);
+    let Some((tls, tcp, pending)) = s.into_parts() else {
+        return;
+    };
+    let Ok(poll) = tcp.try_into_poll_io() else {
+        return;
+    };
+    let io = crate::h2::io::PollTls::new(poll, tls, pending);
+    let info = crate::h2::ConnInfo {
+        peer,
+        sni,
+        tls: true,
+        strict_sni,
+    };
+    crate::h2::serve(w, io, info).await;
+}
+
+/// The HTTP/1.1 request loop of one client connection (or one HTTP/2 stream).
+async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, strict_sni: bool) {
     let peer_ip = peer.ip().to_canonical();
     let mut conn = ClientConn {
         strict_sni,
@@ -187,6 +227,24 @@ pub async fn serve_connection(
         match read_head(&w, &mut conn, first).await {
             HeadRead::Ready => {}
             HeadRead::Closed => break,
+            HeadRead::H2c => {
+                let ClientConn { stream, rbuf, .. } = conn;
+                let (ClientStream::Plain(tcp), Some(rbuf)) = (stream, rbuf) else {
+                    return;
+                };
+                let Ok(poll) = tcp.try_into_poll_io() else {
+                    return;
+                };
+                let io = crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll);
+                let info = crate::h2::ConnInfo {
+                    peer,
+                    sni: None,
+                    tls: false,
+                    strict_sni: false,
+                };
+                crate::h2::serve(w, io, info).await;
+                return;
+            }
             HeadRead::Rejected(kind) => {
                 let rid = w.ids.next();
                 tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
@@ -221,6 +279,8 @@ pub async fn serve_connection(
 enum HeadRead {
     Ready,
     Closed,
+    /// The HTTP/2 connection preface on a cleartext connection (h2c, prior knowledge).
+    H2c,
     Rejected(ErrorKind),
 }
 
@@ -242,7 +302,20 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
         };
         if !rbuf.is_empty() {
             let data = rbuf.data();
-            let parsed = if may_complete_head(data, scanned) {
+            // h2c by prior knowledge: the HTTP/2 preface opens a cleartext connection. A
+            // part of it so far is not parsed as HTTP/1.1 (it would be a 505): read on.
+            let preface =
+                first && matches!(conn.stream, ClientStream::Plain(_)) && cg.gen.http2.enabled && {
+                    let n = data.len().min(crate::h2::PREFACE.len());
+                    data[..n] == crate::h2::PREFACE[..n]
+                };
+            if preface && data.len() >= crate::h2::PREFACE.len() {
+                conn.rbuf = Some(rbuf);
+                return HeadRead::H2c;
+            }
+            let parsed = if preface {
+                Ok(None)
+            } else if may_complete_head(data, scanned) {
                 parse_request(data, &http.limits, &mut conn.head)
             } else {
                 check_partial(data, &http.limits).map(|()| None)
@@ -366,7 +439,7 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
     if let Some(endpoint) = reserved::match_path(path) {
         return reserved::answer(w, cg, conn, endpoint, &info, head_len).await;
     }
-    if conn.strict_sni && misdirected(conn.stream.tls().and_then(|t| t.sni()), head.host.get(src)) {
+    if conn.strict_sni && misdirected(conn.stream.sni(), head.host.get(src)) {
         tracing::debug!(request_id = %rid.as_str(), "host differs from the TLS server name");
         return answer_local(
             w,

@@ -50,7 +50,9 @@ pub async fn run(
     mut t: Tunnel,
     idle: Duration,
 ) {
-    let (mut client_read, mut client_write) = client.into_split();
+    let Some((mut client_read, mut client_write)) = client.into_split() else {
+        return;
+    };
     let last = Cell::new(w.now());
     let UpConn { read, write, .. } = &mut t.upstream;
     let mut up = std::pin::pin!(pump(

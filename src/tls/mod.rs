@@ -69,6 +69,8 @@ pub struct TlsSpec {
     pub strict_sni: bool,
     /// See [`TlsListener::handshake_timeout`].
     pub handshake_timeout: Duration,
+    /// Offer HTTP/2 by ALPN.
+    pub h2: bool,
 }
 
 /// The crypto provider every TLS config uses.
@@ -128,7 +130,11 @@ pub fn build(spec: &TlsSpec) -> Result<TlsListener, String> {
         .map_err(|e| format!("TLS versions: {e}"))?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    config.alpn_protocols = if spec.h2 {
+        vec![b"h2".to_vec(), ALPN_HTTP11.to_vec()]
+    } else {
+        vec![ALPN_HTTP11.to_vec()]
+    };
     Ok(TlsListener {
         config: Arc::new(config),
         strict_sni: spec.strict_sni,

@@ -273,6 +273,30 @@ impl TlsStream {
         self.alpn.as_deref()
     }
 
+    /// Takes the session apart to go on in another I/O style (HTTP/2): the rustls state, the
+    /// TCP stream, and ciphertext read but not yet given to rustls. `None` if a half was
+    /// given away (never after `accept`).
+    pub fn into_parts(self) -> Option<(rustls::Connection, TcpStream, Vec<u8>)> {
+        let TlsStream { r, w, .. } = self;
+        let TlsReadHalf {
+            tls,
+            io,
+            cipher,
+            pos,
+            ..
+        } = r;
+        let TlsWriteHalf {
+            tls: tls_w,
+            io: io_w,
+            ..
+        } = w;
+        drop(tls_w);
+        let conn = Rc::try_unwrap(tls).ok()?.into_inner();
+        let tcp = io.reunite(io_w).ok()?;
+        let leftover = cipher.get(pos..).map(<[u8]>::to_vec).unwrap_or_default();
+        Some((conn, tcp, leftover))
+    }
+
     /// Splits into halves that can be used at once (tunnels).
     pub fn into_split(self) -> (TlsReadHalf, TlsWriteHalf) {
         (self.r, self.w)

@@ -1,0 +1,423 @@
+//! HTTP/2 inbound: h2 over TLS (ALPN `h2`) and h2c with prior knowledge (the connection
+//! preface on a cleartext port), served with the h2 crate over monoio's poll-style I/O.
+//!
+//! ```text
+//! connection task: handshake ─► accept streams (drives all frame I/O) ─► GOAWAY on drain/idle
+//! stream task:     request ─► HTTP/1.1 bytes ─► virtual connection ─► proxy path (unchanged)
+//!                  response ◄─ HTTP/1.1 bytes ◄──────────────────────┘ ─► HEADERS / DATA frames
+//! ```
+//!
+//! Every stream runs through the same request path as HTTP/1.1 (see [`bridge`]), so routes,
+//! limits, admission, retries and error envelopes behave identically. Limits: concurrent
+//! streams, header list size (which also bounds CONTINUATION frames), windows, and the reset
+//! flood limits (CVE-2023-44487: pending-accept and local-error resets). Flow control runs end
+//! to end: request DATA is acknowledged (window released) only when the proxy has taken it,
+//! and response DATA is sent only against capacity the client granted.
+
+pub mod bridge;
+pub mod io;
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::RecvStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::http1::{
+    filter_in_place, parse_response, BodyFraming, ChunkedDecoder, Keep, Method, ResponseHead,
+    MAX_HEADERS_HARD_LIMIT,
+};
+use crate::observe::metrics::add;
+use crate::proxy::io::{race, Either};
+use crate::worker::event::or_event;
+use crate::worker::Worker;
+
+/// The client connection preface of HTTP/2 (RFC 9113 §3.4).
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// ALPN protocol id of HTTP/2 over TLS.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// How often an idle connection's state is looked at.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Response bytes taken from the proxy at a time.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Where an HTTP/2 connection came from.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The TLS SNI name, if any.
+    pub sni: Option<Rc<str>>,
+    /// Over TLS.
+    pub tls: bool,
+    /// 421 when a request's authority is not the SNI name.
+    pub strict_sni: bool,
+}
+
+/// Serves one HTTP/2 connection until it closes.
+pub async fn serve<T>(w: Rc<Worker>, io: T, info: ConnInfo)
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let gen = w.gen();
+    let cfg = &gen.http2;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(cfg.max_concurrent_streams)
+        .initial_window_size(cfg.initial_stream_window)
+        .initial_connection_window_size(cfg.initial_connection_window)
+        .max_frame_size(cfg.max_frame_size)
+        .max_header_list_size(cfg.max_header_list_bytes)
+        .max_pending_accept_reset_streams(cfg.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(Some(cfg.max_local_error_reset_streams))
+        .max_send_buffer_size(cfg.initial_stream_window as usize);
+    let handshake =
+        monoio::time::timeout(gen.http.header_timeout, builder.handshake::<T, Bytes>(io)).await;
+    let mut conn = match handshake {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    add(&w.metrics().h2_connections, 1);
+    let idle_timeout = gen.http.idle_timeout;
+    drop(gen);
+    let info = Rc::new(info);
+    let active = Rc::new(Cell::new(0usize));
+    let last_active = Rc::new(Cell::new(Instant::now()));
+    let mut closing = false;
+    loop {
+        if !closing && w.draining() {
+            conn.graceful_shutdown();
+            closing = true;
+        }
+        let next = monoio::time::timeout(IDLE_CHECK, or_event(&w.shutdown, conn.accept())).await;
+        match next {
+            Ok(Some(Some(Ok((req, respond))))) => {
+                active.set(active.get() + 1);
+                last_active.set(Instant::now());
+                add(&w.metrics().h2_streams, 1);
+                let guard = StreamGuard {
+                    active: active.clone(),
+                    last_active: last_active.clone(),
+                };
+                monoio::spawn(stream(w.clone(), info.clone(), req, respond, guard));
+            }
+            Ok(Some(Some(Err(e)))) => {
+                tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 connection error");
+                break;
+            }
+            Ok(Some(None)) => break,
+            Ok(None) => {} // shutdown began: GOAWAY at the top of the loop
+            Err(_) => {
+                if !closing && active.get() == 0 && last_active.get().elapsed() >= idle_timeout {
+                    conn.graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// Counts a stream in progress; its drop records the end.
+struct StreamGuard {
+    active: Rc<Cell<usize>>,
+    last_active: Rc<Cell<Instant>>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.active.set(self.active.get().saturating_sub(1));
+        self.last_active.set(Instant::now());
+    }
+}
+
+/// The JSON error envelope as a complete HTTP/2 response.
+fn local_error(
+    respond: &mut SendResponse<Bytes>,
+    w: &Worker,
+    status: u16,
+    code: &str,
+    message: &str,
+) {
+    let rid = w.ids.next();
+    let body = format!(
+        "{{\"error\":{{\"code\":\"{code}\",\"message\":\"{message}\",\"request_id\":\"{}\"}}}}",
+        rid.as_str()
+    );
+    let resp = http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("x-request-id", rid.as_str())
+        .body(());
+    if let Ok(resp) = resp {
+        if let Ok(mut send) = respond.send_response(resp, false) {
+            let _ = send.send_data(Bytes::from(body), true);
+        }
+    }
+}
+
+/// Writes the HTTP/1.1 head of an HTTP/2 request. `chunked`: the body length is unknown.
+fn h1_head(parts: &http::request::Parts, chunked: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + parts.headers.len() * 32);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    // :authority replaces Host (RFC 9113 §8.3.1).
+    let authority = parts.uri.authority().map(|a| a.as_str());
+    if let Some(a) = authority {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let mut cookies = 0;
+    for (name, value) in &parts.headers {
+        if name == http::header::COOKIE {
+            cookies += 1;
+            continue;
+        }
+        if (name == http::header::HOST && authority.is_some()) || name == http::header::TE {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // Cookie fields split over several HTTP/2 fields become one (RFC 9113 §8.2.3).
+    if cookies > 0 {
+        out.extend_from_slice(b"cookie: ");
+        for (i, v) in parts
+            .headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .enumerate()
+        {
+            if i > 0 {
+                out.extend_from_slice(b"; ");
+            }
+            out.extend_from_slice(v.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+async fn stream(
+    w: Rc<Worker>,
+    info: Rc<ConnInfo>,
+    req: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    _guard: StreamGuard,
+) {
+    let (parts, mut body) = req.into_parts();
+    // Upgrades cannot be tunnelled the HTTP/1.1 way over HTTP/2 (RFC 9113 §8.6), and
+    // extended CONNECT is not offered.
+    if parts.method == http::Method::CONNECT || parts.headers.contains_key(http::header::UPGRADE) {
+        local_error(
+            &mut respond,
+            &w,
+            501,
+            "not_implemented",
+            "protocol upgrades are not supported over HTTP/2; use HTTP/1.1",
+        );
+        return;
+    }
+    let head_request = parts.method == http::Method::HEAD;
+    let chunked =
+        !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    let head = h1_head(&parts, chunked);
+    let (vconn, end) = bridge::pair(info.sni.clone(), info.tls);
+    monoio::spawn(crate::proxy::serve_virtual(
+        w.clone(),
+        vconn,
+        info.peer,
+        info.strict_sni,
+    ));
+    if !end.write_all(&head).await {
+        return;
+    }
+    let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
+    let mut down = std::pin::pin!(relay_response(&end, respond, head_request));
+    if let Either::Left(()) = race(up.as_mut(), down.as_mut()).await {
+        down.await;
+    }
+}
+
+/// Request DATA into the proxy (chunk-framed when the length is unknown); the window is
+/// released as the proxy takes the bytes.
+async fn pump_request(end: &bridge::StreamEnd, body: &mut RecvStream, chunked: bool) {
+    while let Some(data) = body.data().await {
+        let Ok(data) = data else {
+            // The client reset the stream: the proxy sees the body end early.
+            return;
+        };
+        let n = data.len();
+        if n == 0 {
+            continue;
+        }
+        let ok = if chunked {
+            let size = format!("{n:x}\r\n");
+            end.write_all(size.as_bytes()).await
+                && end.write_all(&data).await
+                && end.write_all(b"\r\n").await
+        } else {
+            end.write_all(&data).await
+        };
+        if !ok {
+            return;
+        }
+        let _ = body.flow_control().release_capacity(n);
+    }
+    if chunked && !end.write_all(b"0\r\n\r\n").await {
+        return;
+    }
+    end.close_write();
+}
+
+/// The proxy's HTTP/1.1 response into HEADERS and DATA frames.
+async fn relay_response(
+    end: &bridge::StreamEnd,
+    mut respond: SendResponse<Bytes>,
+    head_request: bool,
+) {
+    let mut buf = BytesMut::new();
+    let mut rh = ResponseHead::default();
+    let method = if head_request {
+        Method::Head
+    } else {
+        Method::Get
+    };
+    let head_len = loop {
+        let Some(chunk) = end.read(READ_CHUNK).await else {
+            // No response: the client went away (nothing can be sent).
+            respond.send_reset(h2::Reason::CANCEL);
+            return;
+        };
+        buf.extend_from_slice(&chunk);
+        match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
+            Ok(Some(len)) if (100..200).contains(&rh.status) => {
+                // 100 Continue (ringway's own answer to Expect): not relayed.
+                buf.advance(len);
+            }
+            Ok(Some(len)) => break len,
+            Ok(None) => {}
+            Err(_) => {
+                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+        }
+    };
+    let mut builder = http::Response::builder().status(rh.status);
+    for h in &rh.headers {
+        if h.hop || h.kind == crate::http1::HeaderKind::TransferEncoding {
+            continue;
+        }
+        builder = builder.header(h.name.get(&buf), h.value.get(&buf));
+    }
+    let Ok(resp) = builder.body(()) else {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
+    };
+    let no_body = matches!(rh.framing, BodyFraming::None);
+    let Ok(mut send) = respond.send_response(resp, no_body) else {
+        return;
+    };
+    if no_body {
+        return;
+    }
+    buf.advance(head_len);
+    let mut remaining = match rh.framing {
+        BodyFraming::Length(n) => n,
+        _ => u64::MAX,
+    };
+    let mut decoder = ChunkedDecoder::new();
+    loop {
+        // Data ready in `buf`: send what belongs to the body.
+        let data = match rh.framing {
+            BodyFraming::Length(_) => {
+                let n = (buf.len() as u64).min(remaining) as usize;
+                remaining -= n as u64;
+                buf.split_to(n).freeze()
+            }
+            BodyFraming::Chunked => {
+                match filter_in_place(&mut decoder, &mut buf[..], Keep::DataOnly) {
+                    Ok((kept, consumed)) => {
+                        let data = buf.split_to(kept).freeze();
+                        buf.advance(consumed - kept);
+                        data
+                    }
+                    Err(_) => {
+                        send.send_reset(h2::Reason::INTERNAL_ERROR);
+                        return;
+                    }
+                }
+            }
+            _ => buf.split().freeze(),
+        };
+        if !data.is_empty() && !send_data(&mut send, data).await {
+            return;
+        }
+        let done = match rh.framing {
+            BodyFraming::Length(_) => remaining == 0,
+            BodyFraming::Chunked => decoder.is_done(),
+            _ => false,
+        };
+        if done {
+            let _ = send.send_data(Bytes::new(), true);
+            return;
+        }
+        match end.read(READ_CHUNK).await {
+            Some(chunk) => buf.extend_from_slice(&chunk),
+            None if matches!(rh.framing, BodyFraming::UntilClose) => {
+                let _ = send.send_data(Bytes::new(), true);
+                return;
+            }
+            None => {
+                // Cut short upstream: the client must not take it for complete.
+                send.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+        }
+    }
+}
+
+/// Sends `data` as it fits the stream's window; false when the stream is gone.
+async fn send_data(send: &mut h2::SendStream<Bytes>, mut data: Bytes) -> bool {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let cap = match poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(c)) => c,
+            _ => return false,
+        };
+        if cap == 0 {
+            continue;
+        }
+        let piece = data.split_to(cap.min(data.len()));
+        if send.send_data(piece, false).is_err() {
+            return false;
+        }
+    }
+    true
+}

@@ -1,0 +1,418 @@
+//! HTTP/2 inbound over real sockets with the h2 crate as the client (on a tokio current-thread
+//! runtime): h2c by prior knowledge and h2 by ALPN over TLS, to HTTP/1.1 origins; concurrent
+//! streams, large bodies both ways, a slow reader with a tiny window, CONNECT refused, rapid
+//! reset and CONTINUATION floods that leave ringway serving, GOAWAY on shutdown, and 421.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+type Client = h2::client::SendRequest<Bytes>;
+
+async fn h2c(addr: SocketAddr) -> Client {
+    h2c_with(addr, h2::client::Builder::new()).await
+}
+
+async fn h2c_with(addr: SocketAddr, builder: h2::client::Builder) -> Client {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = builder.handshake(tcp).await.expect("h2c handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// One request; (status, headers, body).
+async fn request(
+    client: &mut Client,
+    method: &str,
+    uri: &str,
+    body: Option<Vec<u8>>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(())
+        .unwrap();
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut send) = c.send_request(req, body.is_none()).unwrap();
+    if let Some(body) = body {
+        for piece in body.chunks(16 * 1024) {
+            send.reserve_capacity(piece.len());
+            let mut left = Bytes::copy_from_slice(piece);
+            while !left.is_empty() {
+                let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let n = cap.min(left.len());
+                send.send_data(left.split_to(n), false).unwrap();
+            }
+        }
+        send.send_data(Bytes::new(), true).unwrap();
+    }
+    let resp = resp.await.expect("a response");
+    let (parts, mut body) = resp.into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    (parts.status.as_u16(), parts.headers, out)
+}
+
+fn echo_origin() -> Origin {
+    Origin::start(|r| {
+        if r.target.starts_with("/big/") {
+            let n: usize = r.target[5..].parse().unwrap();
+            return Reply::Full(200, vec![], pattern(n, 42));
+        }
+        Reply::Full(
+            200,
+            vec![
+                ("x-host".into(), r.header("host").unwrap_or("").into()),
+                ("x-cookie".into(), r.header("cookie").unwrap_or("").into()),
+                (
+                    "x-proto".into(),
+                    r.header("x-forwarded-proto").unwrap_or("").into(),
+                ),
+            ],
+            r.body.clone(),
+        )
+    })
+}
+
+#[test]
+fn h2c_requests_reach_an_http1_origin_with_host_and_cookies_mapped() {
+    let origin = echo_origin();
+    // :authority routes (a host route) and is the Host sent on with preserve_host.
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\nhost = \"example.test\"\npath_prefix = \"/\"\nproxy = \"up\"\npreserve_host = true\n\
+         [[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 404, body = \"other\" }}\n",
+        origin.addr
+    ));
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        let req = http::Request::builder()
+            .method("GET")
+            .uri("http://example.test:8080/hello?x=1")
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .body(())
+            .unwrap();
+        let (resp, _) = c
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-host"], "example.test:8080");
+        assert_eq!(resp.headers()["x-cookie"], "a=1; b=2");
+        assert_eq!(resp.headers()["x-proto"], "http");
+        assert!(resp.headers().contains_key("x-request-id"));
+        assert!(!resp.headers().contains_key("connection"));
+        // A local answer (no route needed) and the JSON envelope for a 404.
+        let (status, _, body) = request(&mut c, "GET", "http://x/healthz", None).await;
+        assert_eq!(
+            (status, body.as_slice()),
+            (200, &b"{\"status\":\"ok\"}"[..])
+        );
+    });
+    assert_eq!(origin.last().target, "/hello?x=1");
+    let m = metrics(proxy.addr);
+    assert_eq!(m["ringway_h2_connections_total"], 1.0);
+    assert!(m["ringway_h2_streams_total"] >= 2.0);
+}
+
+#[test]
+fn concurrent_streams_and_large_bodies_both_ways() {
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "");
+    rt().block_on(async {
+        let c = h2c(proxy.addr).await;
+        let mut tasks = Vec::new();
+        for i in 0..50u64 {
+            let mut c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let body = pattern(1000 + i as usize * 37, i);
+                let (status, _, got) =
+                    request(&mut c, "POST", "http://x/echo", Some(body.clone())).await;
+                assert_eq!(status, 200);
+                assert_eq!(fnv(&got), fnv(&body));
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // 3 MiB up (no content-length: chunked to the origin) and 5 MiB down.
+        let mut c2 = c.clone();
+        let up = pattern(3 << 20, 7);
+        let (status, _, got) = request(&mut c2, "PUT", "http://x/echo", Some(up.clone())).await;
+        assert_eq!((status, fnv(&got)), (200, fnv(&up)));
+        let (status, _, got) = request(&mut c2, "GET", "http://x/big/5242880", None).await;
+        assert_eq!((status, got.len()), (200, 5 << 20));
+        assert_eq!(fnv(&got), fnv(&pattern(5 << 20, 42)));
+    });
+    assert!(
+        origin.requests().iter().any(|r| r.chunked),
+        "an unknown length goes chunked"
+    );
+}
+
+#[test]
+fn a_slow_reader_with_a_tiny_window_gets_everything_in_order() {
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "");
+    rt().block_on(async {
+        let mut b = h2::client::Builder::new();
+        b.initial_window_size(1024)
+            .initial_connection_window_size(65_535);
+        let c = h2c_with(proxy.addr, b).await;
+        let req = http::Request::builder()
+            .uri("http://x/big/2000000")
+            .body(())
+            .unwrap();
+        let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            assert!(chunk.len() <= 1024, "no DATA beyond the window");
+            got.extend_from_slice(&chunk);
+            if got.len() < 64 * 1024 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        assert_eq!(fnv(&got), fnv(&pattern(2_000_000, 42)));
+    });
+}
+
+#[test]
+fn connect_is_refused_and_floods_leave_ringway_serving() {
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "");
+    rt().block_on(async {
+        // CONNECT: no tunnels over HTTP/2.
+        let mut c = h2c(proxy.addr).await;
+        let req = http::Request::builder()
+            .method("CONNECT")
+            .uri("example.test:443")
+            .body(())
+            .unwrap();
+        let (resp, _) = c
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 501);
+
+        // Rapid reset: open streams and cancel them at once, many times.
+        let flood = h2c(proxy.addr).await;
+        let mut closed = false;
+        for _ in 0..2000 {
+            let Ok(mut f) = flood.clone().ready().await else {
+                closed = true;
+                break;
+            };
+            let req = http::Request::builder()
+                .uri("http://x/big/1000000")
+                .body(())
+                .unwrap();
+            match f.send_request(req, true) {
+                Ok((resp, mut send)) => {
+                    send.send_reset(h2::Reason::CANCEL);
+                    drop(resp);
+                }
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        let _ = closed; // h2 may absorb resets it accepted in time; serving on is what counts
+
+        // CONTINUATION flood: an endless header block, raw frames.
+        let mut raw = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        raw.write_all(ringway::h2::PREFACE).await.unwrap();
+        raw.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap(); // empty SETTINGS
+                                                                    // HEADERS on stream 1 without END_HEADERS: ":method: GET" (indexed 2).
+        raw.write_all(&[0, 0, 1, 1, 0x1, 0, 0, 0, 1, 0x82])
+            .await
+            .unwrap();
+        let value = vec![b'a'; 4000];
+        let mut cut = false;
+        for _ in 0..2000 {
+            // Literal without indexing, new name "x", 4000-byte value (HPACK, 2-byte length).
+            let mut block = vec![0x00, 0x01, b'x', 0x7f, 0xa1, 0x1e];
+            block.extend_from_slice(&value);
+            let len = block.len();
+            let mut frame = vec![
+                (len >> 16) as u8,
+                (len >> 8) as u8,
+                len as u8,
+                9,
+                0,
+                0,
+                0,
+                0,
+                1,
+            ];
+            frame.extend_from_slice(&block);
+            if raw.write_all(&frame).await.is_err() {
+                cut = true;
+                break;
+            }
+        }
+        if !cut {
+            let mut buf = vec![0u8; 65536];
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match raw.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await;
+            assert!(
+                read.is_ok(),
+                "the CONTINUATION flood's connection was not closed"
+            );
+        }
+
+        // Still serving: the first connection and a new one.
+        let (status, _, _) = request(&mut c, "GET", "http://x/after", None).await;
+        assert_eq!(status, 200);
+        let mut fresh = h2c(proxy.addr).await;
+        let (status, _, _) = request(&mut fresh, "GET", "http://x/after", None).await;
+        assert_eq!(status, 200);
+    });
+}
+
+#[test]
+fn shutdown_sends_goaway_and_lets_streams_finish() {
+    let origin = Origin::start(|_| {
+        Reply::Delay(
+            Duration::from_millis(400),
+            Box::new(Reply::text(200, "late")),
+        )
+    });
+    let mut proxy = Proxy::to(origin.addr, "");
+    let addr = proxy.addr;
+    let server = proxy.server.take().unwrap();
+    rt().block_on(async {
+        let c = h2c(addr).await;
+        let req = http::Request::builder()
+            .uri("http://x/slow")
+            .body(())
+            .unwrap();
+        let (resp, _) = c
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        server.shutdown();
+        let resp = resp.await.expect("the in-flight stream completes");
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(got, b"late");
+        // After GOAWAY no new stream is accepted.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let refused = match c.clone().ready().await {
+            Err(_) => true,
+            Ok(mut c) => {
+                let req = http::Request::builder().uri("http://x/").body(()).unwrap();
+                match c.send_request(req, true) {
+                    Err(_) => true,
+                    Ok((resp, _)) => resp.await.is_err(),
+                }
+            }
+        };
+        assert!(refused, "a stream was accepted after GOAWAY");
+    });
+    server.join();
+}
+
+#[test]
+fn h2_over_tls_by_alpn_with_421() {
+    let dir = Dir::new("h2-tls");
+    let ck = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
+    dir.write_file("a.pem", ck.cert.pem().as_bytes());
+    dir.write_file("a.key", ck.key_pair.serialize_pem().as_bytes());
+    let origin = echo_origin();
+    let text = format!(
+        "workers = 1\ncpus = []\nlog_level = \"warn\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncert = \"a.pem\"\nkey = \"a.key\"\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        origin.addr
+    );
+    dir.write(&text);
+    ringway::observe::log::init("warn");
+    let server = ringway::Server::start(ringway::config::load(&dir.config()).unwrap()).unwrap();
+    let addr = server.local_addrs()[0];
+    let der = ck.cert.der().clone();
+    rt().block_on(async move {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (client, conn) = h2::client::handshake(tls).await.expect("h2 over TLS");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut c = client;
+        let (status, headers, _) = request(&mut c, "GET", "https://a.test/x", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-proto"], "https");
+        let (status, _, body) = request(&mut c, "GET", "https://other.test/x", None).await;
+        assert_eq!(status, 421, "{}", String::from_utf8_lossy(&body));
+        let big = pattern(1 << 20, 3);
+        let (status, _, got) =
+            request(&mut c, "POST", "https://a.test/echo", Some(big.clone())).await;
+        assert_eq!((status, fnv(&got)), (200, fnv(&big)));
+    });
+    server.shutdown();
+    server.join();
+}
