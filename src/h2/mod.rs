@@ -18,9 +18,10 @@ pub mod bridge;
 pub mod io;
 
 use std::cell::Cell;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -33,7 +34,6 @@ use crate::http1::{
     MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
-use crate::proxy::io::{race, Either};
 use crate::worker::event::or_event;
 use crate::worker::Worker;
 
@@ -249,20 +249,36 @@ async fn stream(
         !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
     let head = h1_head(&parts, chunked);
     let (vconn, end) = bridge::pair(info.sni.clone(), info.tls);
-    monoio::spawn(crate::proxy::serve_virtual(
-        w.clone(),
-        vconn,
-        info.peer,
-        info.strict_sni,
-    ));
+    // The request head fits the pipe's first write without waiting (the proxy side is not
+    // running yet): HTTP/2 bounds header lists well below a pipe's size.
     if !end.write_all(&head).await {
         return;
     }
+    // One task runs the proxy side and both directions of the stream: one allocation per
+    // stream, not two.
+    let proxy = crate::proxy::serve_virtual(w.clone(), vconn, info.peer, info.strict_sni);
+    let mut proxy = std::pin::pin!(proxy);
     let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
     let mut down = std::pin::pin!(relay_response(&end, respond, head_request));
-    if let Either::Left(()) = race(up.as_mut(), down.as_mut()).await {
-        down.await;
-    }
+    let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
+    poll_fn(|cx| {
+        if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
+            proxy_done = true;
+        }
+        if !down_done && down.as_mut().poll(cx).is_ready() {
+            down_done = true;
+        }
+        // The request body stops mattering once the response is complete.
+        if !up_done && !down_done && up.as_mut().poll(cx).is_ready() {
+            up_done = true;
+        }
+        if proxy_done && down_done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// Request DATA into the proxy (chunk-framed when the length is unknown); the window is
