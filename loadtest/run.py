@@ -53,6 +53,11 @@ FEATURES = {
     },
 }
 
+# Each proxy also listens for h2c (nginx and HAProxy need their own port; ringway detects the
+# preface on its main one) and for TLS (h2 and http/1.1 by ALPN), at these offsets.
+H2C_OFFSET = 100
+TLS_OFFSET = 200
+
 procs = []  # (name, Popen)
 
 
@@ -65,7 +70,7 @@ def sh(cmd, **kw):
 
 
 def ensure_tools(need_oha):
-    missing = [p for p, b in (("wrk", "wrk"), ("nginx-light", "nginx"), ("haproxy", "haproxy")) if not shutil.which(b) and not os.path.exists(f"/usr/sbin/{b}")]
+    missing = [p for p, b in (("wrk", "wrk"), ("nginx-light", "nginx"), ("haproxy", "haproxy"), ("nghttp2-client", "h2load"), ("openssl", "openssl")) if not shutil.which(b) and not os.path.exists(f"/usr/sbin/{b}")]
     if missing:
         log(f"installing {' '.join(missing)} with apt-get")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -189,13 +194,45 @@ def syscalls_result(p):
     return None
 
 
+def parse_h2load(text, log_path):
+    out = {}
+    m = re.search(r"finished in [^,]+, ([\d.]+) req/s", text)
+    out["rps"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
+    out["requests"] = int(m.group(1)) if m else 0
+    out["errors"] = int(m.group(3)) + int(m.group(4)) if m else 1
+    m = re.search(r"status codes: (\d+) 2xx", text)
+    # Streams still open when the duration ends count as started, not done: never negative.
+    out["non2xx"] = max(0, out["requests"] - int(m.group(1))) if m else 0
+    # Per-request times (microseconds, third column) from --log-file.
+    try:
+        with open(log_path) as f:
+            times = sorted(int(line.split()[2]) for line in f if line.strip())
+        if times:
+            out["p50"] = times[len(times) // 2] / 1e3
+            out["p99"] = times[min(len(times) - 1, int(len(times) * 0.99))] / 1e3
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
 def run_one(target, port, scenario, pids):
     """One measured run against one target; returns a dict of figures."""
-    url = f"http://127.0.0.1:{port}{scenario['path']}"
+    scheme = "https" if scenario.get("tls") else "http"
+    if scenario.get("tls"):
+        port += TLS_OFFSET
+    elif scenario.get("h2") and target in ("nginx", "haproxy"):
+        port += H2C_OFFSET
+    url = f"{scheme}://127.0.0.1:{port}{scenario['path']}"
     d = scenario["duration"]
     c0, m0 = cpu_ns(pids), machine_busy_s()
     sc = syscalls_during(pids, max(1, d - 1)) if scenario.get("syscalls") and pids else None
-    if scenario.get("rate"):
+    if scenario.get("h2"):
+        log_path = os.path.join(WORK, "h2load.log")
+        cmd = ["h2load", "-t1", "-c", str(scenario["conns"]), "-m", str(scenario["streams"]), "-D", str(d), "--log-file", log_path, url]
+        res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
+        fig = parse_h2load(res.stdout, log_path)
+    elif scenario.get("rate"):
         cmd = [oha_bin(), "-q", str(scenario["rate"]), "-c", str(scenario["conns"]), "-z", f"{d}s", "--latency-correction", "--no-tui", "--output-format", "json", "--disable-keepalive" if scenario.get("close") else "--http-version=1.1", url]
         res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
         try:
@@ -244,7 +281,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small-body c=64 and 1 MiB only, 3 rounds of 4 s (under 2 minutes)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--duration", type=int, default=None, help="seconds per run")
-    ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss")
+    ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew")
     ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll",
                     help="comma list of direct, ringway, nginx, haproxy, ringway-epoll, and ringway-off / "
                          "ringway-on (resilience features off / on, for their cost)")
@@ -261,7 +298,7 @@ def main():
         scenarios = (args.scenarios or "small64,big").split(",")
     else:
         rounds, duration = args.rounds or 3, args.duration or 5
-        scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss").split(",")
+        scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew").split(",")
     targets = args.targets.split(",")
     if args.baseline and "baseline" not in targets:
         targets.append("baseline")
@@ -281,6 +318,11 @@ def main():
 def run_all(args, targets, scenarios, rounds, duration):
     pc = args.proxy_cpu
     origin = f"127.0.0.1:{PORTS['origin']}"
+    # One certificate for every proxy's TLS listener (ECDSA P-256).
+    sh(f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=localhost "
+       f"-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout {WORK}/key.pem -out {WORK}/cert.pem 2>/dev/null")
+    with open(f"{WORK}/both.pem", "w") as f:
+        f.write(open(f"{WORK}/cert.pem").read() + open(f"{WORK}/key.pem").read())
     start("origin", [os.path.join(ROOT, "target/release/examples/origin"), origin], LOADGEN_CPU)
     assert wait_port(PORTS["origin"]), "origin did not start"
     running = {"direct": None}
@@ -288,7 +330,8 @@ def run_all(args, targets, scenarios, rounds, duration):
     def ringway_conf(port, features=None):
         path = os.path.join(WORK, f"ringway-{port}.toml")
         with open(os.path.join(HERE, "ringway.toml")) as f:
-            text = f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+            text = (f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+                    .replace("{WORK}", WORK).replace("{TLS_PORT}", str(port + TLS_OFFSET)))
         if features:
             text = text.replace("[http]\n", features["gateway"] + "[http]\n")
             text = text.replace("pool_max_idle = 1024\n", "pool_max_idle = 1024\n" + features["upstream"])
@@ -299,7 +342,8 @@ def run_all(args, targets, scenarios, rounds, duration):
     def templ(name, port):
         with open(os.path.join(HERE, name)) as f:
             text = (f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
-                    .replace("{WORK}", WORK).replace("{MASK}", "1" + "0" * pc))
+                    .replace("{WORK}", WORK).replace("{MASK}", "1" + "0" * pc)
+                    .replace("{H2C_PORT}", str(port + H2C_OFFSET)).replace("{TLS_PORT}", str(port + TLS_OFFSET)))
         path = os.path.join(WORK, name)
         with open(path, "w") as f:
             f.write(text)
@@ -330,6 +374,12 @@ def run_all(args, targets, scenarios, rounds, duration):
         subprocess.run(["taskset", "-c", str(LOADGEN_CPU), "wrk", "-t1", "-c64", "-d1s", f"http://127.0.0.1:{port_of(t)}/"], capture_output=True)
 
     defs = {
+        "h2c16x10": {"path": "/", "conns": 16, "streams": 10, "h2": True},
+        "h2c64x10": {"path": "/", "conns": 64, "streams": 10, "h2": True},
+        "h2c1m": {"path": "/1m", "conns": 16, "streams": 10, "h2": True},
+        "h2tls16x10": {"path": "/", "conns": 16, "streams": 10, "h2": True, "tls": True},
+        "https64": {"path": "/", "conns": 64, "tls": True},
+        "tlsnew": {"path": "/", "conns": 64, "tls": True, "close": True},
         "small16": {"path": "/", "conns": 16},
         "small64": {"path": "/", "conns": 64, "syscalls": True},
         "small256": {"path": "/", "conns": 256},
