@@ -225,6 +225,19 @@ pub struct UpstreamConfig {
     pub pool_max_idle: usize,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+    /// How requests reach the endpoints.
+    pub protocol: UpstreamProtocol,
+    /// HTTP/2 connections per endpoint per worker (streams are multiplexed over them).
+    pub h2_connections: usize,
+}
+
+/// `protocol = ...` of an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1, pooled keep-alive connections.
+    Http1,
+    /// HTTP/2 over cleartext TCP (prior knowledge), multiplexed.
+    H2c,
 }
 
 /// `balancer = ...`

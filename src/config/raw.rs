@@ -129,6 +129,8 @@ pub(crate) struct RawUpstream {
     pub(crate) read_timeout: Option<Spanned<String>>,
     pub(crate) pool_max_idle: Option<Spanned<i64>>,
     pub(crate) pool_idle_timeout: Option<Spanned<String>>,
+    pub(crate) protocol: Option<Spanned<String>>,
+    pub(crate) h2_connections: Option<Spanned<i64>>,
 }
 
 /// `"host:port"` or `{ address = "host:port", weight = 2 }`.

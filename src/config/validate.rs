@@ -608,6 +608,16 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         read_timeout: ctx.duration(&u.read_timeout, Duration::from_secs(60))?,
         pool_max_idle: ctx.int(&u.pool_max_idle, 64, 0..100_000, "pool_max_idle")? as usize,
         pool_idle_timeout: ctx.duration(&u.pool_idle_timeout, Duration::from_secs(30))?,
+        protocol: match u
+            .protocol
+            .as_ref()
+            .map(|p| (p.get_ref().as_str(), p.span()))
+        {
+            None | Some(("http1", _)) => super::UpstreamProtocol::Http1,
+            Some(("h2c", _)) => super::UpstreamProtocol::H2c,
+            Some((_, span)) => return Err(ctx.error(span, "protocol must be \"http1\" or \"h2c\"")),
+        },
+        h2_connections: ctx.int(&u.h2_connections, 2, 1..64, "h2_connections")? as usize,
     })
 }
 

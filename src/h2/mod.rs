@@ -15,6 +15,7 @@
 //! and response DATA is sent only against capacity the client granted.
 
 pub mod bridge;
+pub mod grpc;
 pub mod io;
 
 use std::cell::Cell;
@@ -30,8 +31,7 @@ use h2::RecvStream;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::http1::{
-    filter_in_place, parse_response, BodyFraming, ChunkedDecoder, Keep, Method, ResponseHead,
-    MAX_HEADERS_HARD_LIMIT,
+    parse_response, BodyFraming, ChunkedDecoder, Method, ResponseHead, Step, MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
 use crate::worker::event::or_event;
@@ -193,7 +193,8 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> Vec<u8> {
             cookies += 1;
             continue;
         }
-        if (name == http::header::HOST && authority.is_some()) || name == http::header::TE {
+        // TE (only `trailers` is allowed in HTTP/2) goes on: gRPC upstreams want it.
+        if name == http::header::HOST && authority.is_some() {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -369,6 +370,7 @@ async fn relay_response(
         _ => u64::MAX,
     };
     let mut decoder = ChunkedDecoder::new();
+    let mut trailer_bytes = Vec::new();
     loop {
         // Data ready in `buf`: send what belongs to the body.
         let data = match rh.framing {
@@ -377,19 +379,13 @@ async fn relay_response(
                 remaining -= n as u64;
                 buf.split_to(n).freeze()
             }
-            BodyFraming::Chunked => {
-                match filter_in_place(&mut decoder, &mut buf[..], Keep::DataOnly) {
-                    Ok((kept, consumed)) => {
-                        let data = buf.split_to(kept).freeze();
-                        buf.advance(consumed - kept);
-                        data
-                    }
-                    Err(_) => {
-                        send.send_reset(h2::Reason::INTERNAL_ERROR);
-                        return;
-                    }
+            BodyFraming::Chunked => match dechunk(&mut decoder, &mut buf, &mut trailer_bytes) {
+                Ok(data) => data,
+                Err(()) => {
+                    send.send_reset(h2::Reason::INTERNAL_ERROR);
+                    return;
                 }
-            }
+            },
             _ => buf.split().freeze(),
         };
         if !data.is_empty() && !send_data(&mut send, data).await {
@@ -401,7 +397,15 @@ async fn relay_response(
             _ => false,
         };
         if done {
-            let _ = send.send_data(Bytes::new(), true);
+            // Trailer fields of a chunked body become HTTP/2 trailers (gRPC's status).
+            match trailers(&trailer_bytes) {
+                Some(map) => {
+                    let _ = send.send_trailers(map);
+                }
+                None => {
+                    let _ = send.send_data(Bytes::new(), true);
+                }
+            }
             return;
         }
         match end.read(READ_CHUNK).await {
@@ -417,6 +421,51 @@ async fn relay_response(
             }
         }
     }
+}
+
+/// Decodes the chunked bytes at the front of `buf`: returns the chunk data, keeps trailer
+/// field lines in `trailers`, and leaves an incomplete tail in `buf`.
+fn dechunk(
+    decoder: &mut ChunkedDecoder,
+    buf: &mut BytesMut,
+    trailers: &mut Vec<u8>,
+) -> Result<Bytes, ()> {
+    let mut data = BytesMut::new();
+    let mut read = 0;
+    while read < buf.len() && !decoder.is_done() {
+        match decoder.step(&buf[read..]).map_err(|_| ())? {
+            Step::Data(n) => {
+                data.extend_from_slice(&buf[read..read + n]);
+                read += n;
+            }
+            Step::Trailer(n) => {
+                trailers.extend_from_slice(&buf[read..read + n]);
+                read += n;
+            }
+            Step::Framing(n) | Step::Done(n) => read += n,
+        }
+    }
+    buf.advance(read);
+    Ok(data.freeze())
+}
+
+/// Trailer field lines (`name: value\r\n`...) as an HTTP/2 trailer map; `None` if there is none.
+fn trailers(lines: &[u8]) -> Option<http::HeaderMap> {
+    let mut map = http::HeaderMap::new();
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(&line[..colon]),
+            http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            continue;
+        };
+        map.append(name, value);
+    }
+    (!map.is_empty()).then_some(map)
 }
 
 /// Sends `data` as it fits the stream's window; false when the stream is gone.

@@ -72,7 +72,7 @@ enum Relay {
 }
 
 /// How the request body reaches the upstream.
-enum BodyPlan {
+pub(super) enum BodyPlan {
     /// No body.
     None,
     /// Read whole before the first attempt (a Content-Length body within
@@ -110,7 +110,7 @@ impl Drop for Pending<'_> {
 }
 
 /// A retry in progress (the concurrent part of the retry budget), ended when dropped.
-struct RetrySlot<'a>(&'a UpstreamState);
+pub(super) struct RetrySlot<'a>(pub(super) &'a UpstreamState);
 
 impl Drop for RetrySlot<'_> {
     fn drop(&mut self) {
@@ -120,10 +120,10 @@ impl Drop for RetrySlot<'_> {
 
 /// The breaker's word on one attempt; a half-open probe permit goes back when the attempt
 /// ends without an outcome (a local rejection, the client leaving).
-struct Ticket<'a> {
-    breaker: &'a Breaker,
-    admit: Admit,
-    recorded: bool,
+pub(super) struct Ticket<'a> {
+    pub(super) breaker: &'a Breaker,
+    pub(super) admit: Admit,
+    pub(super) recorded: bool,
 }
 
 impl Drop for Ticket<'_> {
@@ -158,7 +158,7 @@ fn admit<'a>(
 }
 
 /// The hash key of the request for hash balancers.
-fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u64> {
+pub(super) fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u64> {
     let src = conn.rbuf.as_ref()?.data();
     let view = super::HeadView {
         head: &conn.head,
@@ -185,6 +185,53 @@ fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u64> {
     value.map(hash_key)
 }
 
+/// What decides whether an attempt that failed is tried again.
+pub(super) struct Retry<'a> {
+    pub(super) w: &'a Worker,
+    pub(super) up: &'a UpstreamRt,
+    /// Attempts made so far (the failed one included).
+    pub(super) attempts: u32,
+    pub(super) method_retryable: bool,
+    pub(super) total_deadline: Instant,
+}
+
+impl<'a> Retry<'a> {
+    /// Whether a failure of `class` (`status` for a 5xx) may be retried: attempts left,
+    /// method and body allow it (`replayable`), time left, `retry_on` wants it, and the
+    /// retry budget has room (counted when it does; `slot` holds the concurrent retry).
+    pub(super) fn allowed(
+        &self,
+        class: FailureClass,
+        status: u16,
+        replayable: bool,
+        slot: &mut Option<RetrySlot<'a>>,
+    ) -> bool {
+        let (w, up) = (self.w, self.up);
+        let policy = &up.cfg.retries;
+        if self.attempts >= policy.attempts
+            || !self.method_retryable
+            || !replayable
+            || w.now() >= self.total_deadline
+            || !retry_wanted(&policy.retry_on, class, status)
+        {
+            return false;
+        }
+        let stats = up.shared.stats(w.id);
+        if !up.budget_allows_retry()
+            || (slot.is_none() && !up.shared.retry_begin(up.cfg.retry_budget.max_concurrent))
+        {
+            add(&stats.budget_exhausted, 1);
+            return false;
+        }
+        if slot.is_none() {
+            *slot = Some(RetrySlot(&up.shared));
+        }
+        up.count_retry();
+        add(&stats.retries, 1);
+        true
+    }
+}
+
 /// Which failures of an attempt a retry is allowed for, by the upstream's `retry_on`.
 fn retry_wanted(on: &crate::config::RetryOn, class: FailureClass, status: u16) -> bool {
     match class {
@@ -199,7 +246,7 @@ fn retry_wanted(on: &crate::config::RetryOn, class: FailureClass, status: u16) -
 }
 
 /// The failure class of an error that ended an attempt before a response head.
-fn failure_class(kind: ErrorKind) -> FailureClass {
+pub(super) fn failure_class(kind: ErrorKind) -> FailureClass {
     match kind {
         ErrorKind::UpstreamConnect | ErrorKind::UpstreamConnectTimeout => FailureClass::Connect,
         ErrorKind::UpstreamTimeout => FailureClass::Timeout,
@@ -209,7 +256,7 @@ fn failure_class(kind: ErrorKind) -> FailureClass {
 }
 
 /// Feeds an attempt's outcome to the metrics, passive health and the breaker.
-fn record(
+pub(super) fn record(
     w: &Worker,
     up: &UpstreamRt,
     ep: &EndpointRt,
@@ -411,6 +458,19 @@ pub(super) async fn proxy(
         }
         _ => BodyPlan::Streamed,
     };
+    if up.cfg.protocol == crate::config::UpstreamProtocol::H2c {
+        let plan = super::forward_h2::Plan {
+            key,
+            method_retryable,
+            total_deadline,
+            try_timeout,
+            read_timeout,
+            max_body,
+            grpc_deadline: info.grpc_deadline,
+        };
+        return super::forward_h2::proxy(w, cg, conn, info, route, action, &params, up, body, plan)
+            .await;
+    }
     let mut bstate = BodyState {
         touched: false,
         done: !matches!(body, BodyPlan::Streamed),
@@ -448,27 +508,14 @@ pub(super) async fn proxy(
         }
 
         let mut may_retry = |class: FailureClass, status: u16, replayable: bool| {
-            if attempts >= policy.attempts
-                || !method_retryable
-                || !replayable
-                || w.now() >= total_deadline
-                || !retry_wanted(&policy.retry_on, class, status)
-            {
-                return false;
+            Retry {
+                w,
+                up,
+                attempts,
+                method_retryable,
+                total_deadline,
             }
-            if !up.budget_allows_retry()
-                || (retry_slot.is_none()
-                    && !up.shared.retry_begin(up.cfg.retry_budget.max_concurrent))
-            {
-                add(&stats.budget_exhausted, 1);
-                return false;
-            }
-            if retry_slot.is_none() {
-                retry_slot = Some(RetrySlot(&up.shared));
-            }
-            up.count_retry();
-            add(&stats.retries, 1);
-            true
+            .allowed(class, status, replayable, &mut retry_slot)
         };
 
         let started = Instant::now();
@@ -620,7 +667,7 @@ pub(super) async fn proxy(
 /// Waits before retry number `attempts` (the attempt that failed was number `attempts`):
 /// exponential backoff with full jitter, never past the total deadline. The worker serves
 /// other connections meanwhile.
-async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_deadline: Instant) {
+pub(super) async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_deadline: Instant) {
     let p = &up.cfg.retries;
     let shift = attempts.saturating_sub(1).min(20);
     let cap = p.backoff_base.saturating_mul(1 << shift).min(p.backoff_max);
@@ -638,7 +685,7 @@ async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_deadline: Ins
 
 /// Reads a whole Content-Length body of `n` bytes (within the replay buffer limit) into
 /// memory, leaving the request head at the front of the read buffer.
-async fn collect_body(
+pub(super) async fn collect_body(
     w: &Worker,
     cg: &CoreGen,
     conn: &mut ClientConn,
@@ -1523,7 +1570,7 @@ impl RelayState {
 
 /// Answers an error before any response byte went out. `request_unread`: the request body was
 /// not (completely) read, so the connection closes. Returns whether the connection may go on.
-async fn fail(
+pub(super) async fn fail(
     w: &Worker,
     cg: &CoreGen,
     conn: &mut ClientConn,
@@ -1540,7 +1587,12 @@ async fn fail(
     sent && !close
 }
 
-fn log_upstream(info: &ReqInfo, upstream: &str, endpoint: Option<SocketAddr>, err: &Error) {
+pub(super) fn log_upstream(
+    info: &ReqInfo,
+    upstream: &str,
+    endpoint: Option<SocketAddr>,
+    err: &Error,
+) {
     tracing::warn!(
         request_id = %info.rid.as_str(),
         upstream,

@@ -10,6 +10,7 @@
 //! at most one response.
 
 mod forward;
+mod forward_h2;
 pub mod io;
 mod reserved;
 pub mod respond;
@@ -109,6 +110,11 @@ impl PeerText {
     fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
+
+    fn as_str(&self) -> &str {
+        // invariant: written by Display of an IP address: ASCII.
+        std::str::from_utf8(self.as_bytes()).unwrap_or("")
+    }
 }
 
 /// What the rest of the exchange needs to know about the request once its head bytes are
@@ -127,6 +133,11 @@ pub struct ReqInfo {
     pub expect_continue: bool,
     /// Request id.
     pub rid: RequestId,
+    /// A gRPC call: HTTP/2 with an `application/grpc*` content type. Its errors are
+    /// trailers-only responses with `grpc-status`, not the JSON envelope.
+    pub grpc: bool,
+    /// Its `grpc-timeout`, as a deadline.
+    pub grpc_deadline: Option<Instant>,
 }
 
 struct ConnGuard(Rc<Worker>);
@@ -422,6 +433,21 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         .find(HeaderKind::XRequestId)
         .and_then(|h| RequestId::from_inbound(h.value.get(src)))
         .unwrap_or_else(|| w.ids.next());
+    let grpc = matches!(conn.stream, ClientStream::Virtual(_))
+        && head.headers.iter().any(|h| {
+            h.name.get(src).eq_ignore_ascii_case(b"content-type")
+                && h.value.get(src).len() >= 16
+                && h.value.get(src)[..16].eq_ignore_ascii_case(b"application/grpc")
+        });
+    let grpc_deadline = if grpc {
+        head.headers
+            .iter()
+            .find(|h| h.name.get(src).eq_ignore_ascii_case(b"grpc-timeout"))
+            .and_then(|h| crate::h2::grpc::parse_timeout(h.value.get(src)))
+            .map(|d| w.now() + d)
+    } else {
+        None
+    };
     let info = ReqInfo {
         method: head.method,
         version: head.version,
@@ -429,6 +455,8 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         framing: head.framing,
         expect_continue: head.expect_continue,
         rid,
+        grpc,
+        grpc_deadline,
     };
     let path = match (head.form, head.path.len) {
         (TargetForm::Absolute, 0) => &b"/"[..],

@@ -197,6 +197,23 @@ async fn envelope_response(
     let Some(status) = kind.status() else {
         return false;
     };
+    if let Some(req) = req.filter(|r| r.grpc) {
+        // gRPC clients read errors from grpc-status: a trailers-only response (its HEADERS
+        // frame ends the stream), with the classification as grpc-message.
+        let mut digits = [0u8; 20];
+        let code = decimal(u64::from(crate::h2::grpc::status_for(kind)), &mut digits);
+        let headers: [(&[u8], &[u8]); 2] = [
+            (b"grpc-status", code),
+            (b"grpc-message", message.as_bytes()),
+        ];
+        let resp = Local {
+            status: 200,
+            content_type: Some(b"application/grpc"),
+            headers: &headers,
+            body: b"",
+        };
+        return send(w, cg, stream, resp, Some(req), rid, close).await;
+    }
     let mut body = w.pool.take();
     if envelope(&mut body, kind.code(), message, rid).is_err() {
         return false;

@@ -15,6 +15,7 @@
 //! Not here: resolving names (control thread), deciding what to forward or retry (proxy).
 
 pub mod balancer;
+pub mod h2pool;
 pub mod pool;
 pub mod state;
 
@@ -54,6 +55,8 @@ pub struct EndpointRt {
     ewma: Cell<(f64, Option<Instant>)>,
     /// Smooth weighted round robin's current weight.
     wrr: Cell<i64>,
+    /// HTTP/2 connections (upstreams with `protocol = "h2c"`).
+    pub h2: h2pool::H2Pool,
 }
 
 impl EndpointRt {
@@ -67,12 +70,18 @@ impl EndpointRt {
             in_flight: Cell::new(0),
             ewma: Cell::new((0.0, None)),
             wrr: Cell::new(0),
+            h2: h2pool::H2Pool::default(),
         }
     }
 
     /// The endpoint address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `host:port` as configured.
+    pub fn authority(&self) -> &str {
+        &self.authority
     }
 
     /// Counts an attempt in flight on `worker` until the returned guard drops.
@@ -237,8 +246,9 @@ impl View<'_> {
     }
 
     fn has_room(&self, ep: &EndpointRt) -> bool {
-        let conn_ok =
-            !ep.idle.borrow().is_empty() || ep.state.has_connection_room(self.max_connections);
+        let conn_ok = !ep.idle.borrow().is_empty()
+            || !ep.h2.is_empty()
+            || ep.state.has_connection_room(self.max_connections);
         conn_ok
             && self
                 .bucket
@@ -329,6 +339,7 @@ impl UpstreamRt {
         }
         for gone in current.drain(..) {
             gone.idle.borrow_mut().clear();
+            gone.h2.clear();
         }
         let keys: Vec<(String, u32)> = next
             .iter()
@@ -555,5 +566,30 @@ impl UpstreamRt {
         for ep in self.endpoints.borrow().iter() {
             ep.idle.borrow_mut().clear();
         }
+    }
+
+    /// A stream on an HTTP/2 connection to `ep` (upstreams with `protocol = "h2c"`).
+    pub async fn h2_stream(
+        &self,
+        ep: &Rc<EndpointRt>,
+    ) -> Result<(h2::client::SendRequest<bytes::Bytes>, h2pool::StreamSlot), ConnectError> {
+        let had = ep.h2.len();
+        let r = ep
+            .h2
+            .stream(
+                ep.addr,
+                &ep.state,
+                self.cfg.h2_connections,
+                self.cfg.max_connections,
+                self.cfg.connect_timeout,
+            )
+            .await;
+        let stats = self.shared.stats(self.worker);
+        if ep.h2.len() > had {
+            add(&stats.pool_misses, 1);
+        } else if r.is_ok() {
+            add(&stats.pool_hits, 1);
+        }
+        r
     }
 }

@@ -1,0 +1,102 @@
+//! gRPC over the proxy: recognising a call, its deadline, and answering gateway errors the
+//! way gRPC clients read them (a trailers-only response with `grpc-status`).
+
+use std::time::Duration;
+
+use crate::error::ErrorKind;
+
+/// Longest deadline honoured; longer ones saturate here.
+const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H` hours, `M` minutes,
+/// `S` seconds, `m` milliseconds, `u` microseconds, `n` nanoseconds; case-exact). Values
+/// beyond a day saturate at a day; anything else is `None` (no deadline).
+pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    let d = match unit {
+        b'H' => Duration::from_secs(n.saturating_mul(3600)),
+        b'M' => Duration::from_secs(n.saturating_mul(60)),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(d.min(MAX_DEADLINE))
+}
+
+/// The gRPC status code for a gateway error (the gRPC-over-HTTP mapping, with ringway's own
+/// timeouts as DEADLINE_EXCEEDED).
+pub fn status_for(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::UpstreamTimeout | ErrorKind::UpstreamConnectTimeout => 4, // DEADLINE_EXCEEDED
+        ErrorKind::NoRoute => 12,                                            // UNIMPLEMENTED
+        ErrorKind::BodyTooLarge | ErrorKind::HeadTooLarge | ErrorKind::UriTooLong => 8, // RESOURCE_EXHAUSTED
+        ErrorKind::BadRequest
+        | ErrorKind::ExpectationFailed
+        | ErrorKind::NotImplemented
+        | ErrorKind::VersionNotSupported
+        | ErrorKind::Internal => 13, // INTERNAL
+        ErrorKind::Misdirected => 7, // PERMISSION_DENIED
+        ErrorKind::RequestTimeout | ErrorKind::ClientClosed => 1, // CANCELLED
+        ErrorKind::UpstreamConnect
+        | ErrorKind::UpstreamClosed
+        | ErrorKind::UpstreamInvalid
+        | ErrorKind::ShuttingDown
+        | ErrorKind::Maintenance
+        | ErrorKind::CircuitOpen
+        | ErrorKind::GatewaySaturated
+        | ErrorKind::UpstreamSaturated
+        | ErrorKind::NoEndpoint => 14, // UNAVAILABLE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_follow_the_grammar() {
+        assert_eq!(parse_timeout(b"100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_timeout(b"5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_timeout(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_timeout(b"7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse_timeout(b"9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(
+            parse_timeout(b"99999999H"),
+            Some(MAX_DEADLINE),
+            "saturates at a day"
+        );
+        for bad in [
+            &b""[..],
+            b"m",
+            b"123456789m",
+            b"10s",
+            b"1.5S",
+            b"-1S",
+            b"10",
+            b" 1S",
+        ] {
+            assert_eq!(
+                parse_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn every_error_has_a_status() {
+        for kind in ErrorKind::ALL {
+            assert!(status_for(kind) > 0);
+        }
+        assert_eq!(status_for(ErrorKind::UpstreamTimeout), 4);
+        assert_eq!(status_for(ErrorKind::CircuitOpen), 14);
+    }
+}

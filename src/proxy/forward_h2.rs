@@ -1,0 +1,732 @@
+//! Forwarding to HTTP/2 upstreams (`protocol = "h2c"`): the request parsed from HTTP/1.1 (a
+//! client's, or an HTTP/2 stream's through the bridge) goes out as one stream on a pooled,
+//! multiplexed connection, and the response comes back as HTTP/1.1 with its trailers in a
+//! chunked trailer section (so gRPC's `grpc-status` survives to an HTTP/2 client).
+//!
+//! The attempt loop mirrors `forward::proxy`: the breaker before every attempt, a pick that
+//! avoids endpoints tried, retries by the same policy and budget (a refused stream is
+//! retried like a reset), passive health and the breaker fed with each outcome.
+
+use std::future::poll_fn;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::RecvStream;
+
+use super::forward::{backoff, fail, log_upstream, record, BodyPlan, Retry, RetrySlot, Ticket};
+use super::io::{read_by, write_all_by};
+use super::{respond, ClientConn, ReqInfo};
+use crate::buf::Block;
+use crate::error::{Error, ErrorKind, Side};
+use crate::http1::encode::{put_field, put_status_line, put_u64};
+use crate::http1::{
+    filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
+};
+use crate::observe::metrics::add;
+use crate::route::{rewrite_path, Params, ProxyAction, Route};
+use crate::upstream::{Admit, FailureClass, PickError, Tried, UpstreamRt};
+use crate::worker::{CoreGen, Worker};
+
+/// What `forward::proxy` worked out before handing over.
+pub(super) struct Plan {
+    pub(super) key: Option<u64>,
+    pub(super) method_retryable: bool,
+    pub(super) total_deadline: Instant,
+    pub(super) try_timeout: Duration,
+    pub(super) read_timeout: Duration,
+    pub(super) max_body: Option<u64>,
+    pub(super) grpc_deadline: Option<Instant>,
+}
+
+/// The request as it goes upstream, built once per attempt (the authority may differ).
+fn build_request(
+    cg: &CoreGen,
+    conn: &ClientConn,
+    info: &ReqInfo,
+    route: &Route,
+    action: &ProxyAction,
+    params: &Params,
+    authority: &str,
+) -> Result<http::Request<()>, Error> {
+    let bad =
+        |why: &'static str| Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(why);
+    let rbuf = conn.rbuf.as_ref().ok_or_else(|| bad("no request buffer"))?;
+    let src = rbuf.data();
+    let head = &conn.head;
+    let path = match (head.form, head.path.len) {
+        (crate::http1::head::TargetForm::Absolute, 0) => &b"/"[..],
+        _ => head.path.get(src),
+    };
+    let mut scratch = cg.scratch.borrow_mut();
+    let crate::worker::ctx::Scratch { text, captures, .. } = &mut *scratch;
+    rewrite_path(
+        &action.rewrite,
+        path,
+        params,
+        route.param_names(),
+        captures.get_mut(route.index).and_then(Option::as_mut),
+        text,
+    );
+    let host = if action.preserve_host && head.host.len > 0 {
+        head.host.get(src)
+    } else {
+        authority.as_bytes()
+    };
+    let mut uri = Vec::with_capacity(16 + host.len() + text.len() + head.query.len as usize);
+    uri.extend_from_slice(b"http://");
+    uri.extend_from_slice(host);
+    uri.extend_from_slice(text);
+    uri.extend_from_slice(head.query.get(src));
+    let mut b = http::Request::builder()
+        .method(head.method_span.get(src))
+        .uri(uri.as_slice())
+        .version(http::Version::HTTP_2);
+    let trusted = cg
+        .gen
+        .gateway
+        .trusted_proxies
+        .iter()
+        .any(|net| net.contains(&conn.peer_ip));
+    let mut te_trailers = false;
+    let mut xff = String::new();
+    for h in &head.headers {
+        let value = h.value.get(src);
+        match h.kind {
+            HeaderKind::Te => {
+                te_trailers |= value
+                    .split(|&c| c == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+                continue;
+            }
+            HeaderKind::XForwardedFor => {
+                if trusted && !value.is_empty() {
+                    xff.push_str(&String::from_utf8_lossy(value));
+                    xff.push_str(", ");
+                }
+                continue;
+            }
+            HeaderKind::Host
+            | HeaderKind::Expect
+            | HeaderKind::XRealIp
+            | HeaderKind::XRequestId
+            | HeaderKind::ForwardedAlias => continue,
+            HeaderKind::XForwardedProto if !trusted => continue,
+            HeaderKind::Forwarded if !trusted => continue,
+            _ if h.hop => continue,
+            _ => {}
+        }
+        b = b.header(h.name.get(src), value);
+    }
+    if te_trailers {
+        b = b.header("te", "trailers");
+    }
+    let peer = conn.peer_text.as_str();
+    xff.push_str(peer);
+    b = b
+        .header("x-forwarded-for", xff)
+        .header("x-real-ip", peer)
+        .header("x-request-id", info.rid.as_str());
+    if !trusted || head.find(HeaderKind::XForwardedProto).is_none() {
+        b = b.header(
+            "x-forwarded-proto",
+            if conn.stream.is_tls() {
+                "https"
+            } else {
+                "http"
+            },
+        );
+    }
+    b.body(())
+        .map_err(|_| bad("request not representable in HTTP/2"))
+}
+
+/// Sends `data` as the stream's window allows.
+async fn send_all(
+    send: &mut h2::SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+) -> Result<(), Error> {
+    let closed = |e: h2::Error| Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let cap = match poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => return Err(closed(e)),
+            None => {
+                return Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream)
+                    .with_cause("stream closed while sending"))
+            }
+        };
+        if cap == 0 {
+            continue;
+        }
+        let piece = data.split_to(cap.min(data.len()));
+        send.send_data(piece, false).map_err(closed)?;
+    }
+    if end {
+        send.send_data(Bytes::new(), true).map_err(closed)?;
+    }
+    Ok(())
+}
+
+/// Streams the client's request body (after the head, in `conn.rbuf`) into `send`.
+async fn pump_body(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    framing: BodyFraming,
+    max_body: Option<u64>,
+    send: &mut h2::SendStream<Bytes>,
+) -> Result<(), Error> {
+    let mut remaining = match framing {
+        BodyFraming::Length(n) => n,
+        BodyFraming::Chunked => u64::MAX,
+        _ => 0,
+    };
+    let mut decoder = ChunkedDecoder::new();
+    loop {
+        let done = match framing {
+            BodyFraming::Chunked => decoder.is_done(),
+            _ => remaining == 0,
+        };
+        if done {
+            return send_all(send, Bytes::new(), true).await;
+        }
+        let Some(mut buf) = conn.rbuf.take() else {
+            return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
+        };
+        if buf.is_empty() {
+            w.body_block(&mut buf);
+            if framing != BodyFraming::Chunked {
+                buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
+            }
+            let deadline = w.now() + cg.gen.http.body_timeout;
+            let (res, b) = read_by(&mut conn.stream, buf, deadline, &w.pool).await;
+            buf = b;
+            match res {
+                Ok(0) => {
+                    conn.rbuf = Some(buf);
+                    return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream)
+                        .with_cause("client closed before the end of the request body"));
+                }
+                Ok(n) => add(&w.metrics().bytes_in, n as u64),
+                Err(e) => {
+                    conn.rbuf = Some(buf);
+                    return Err(if e.kind() == std::io::ErrorKind::TimedOut {
+                        Error::new(ErrorKind::RequestTimeout, Side::Downstream).with_cause(e)
+                    } else {
+                        Error::client_io(e)
+                    });
+                }
+            }
+        }
+        let (kept, consumed) = if framing == BodyFraming::Chunked {
+            match filter_in_place(&mut decoder, buf.data_mut(), Keep::DataOnly) {
+                Ok(r) => r,
+                Err(e) => {
+                    conn.rbuf = Some(buf);
+                    return Err(Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(e));
+                }
+            }
+        } else {
+            let n = (buf.len() as u64).min(remaining) as usize;
+            remaining -= n as u64;
+            (n, n)
+        };
+        if max_body.is_some_and(|max| decoder.data_total() > max) {
+            conn.rbuf = Some(buf);
+            return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
+        }
+        let data = Bytes::copy_from_slice(&buf.data()[..kept]);
+        buf.consume(consumed);
+        w.head_block(&mut buf);
+        conn.rbuf = Some(buf);
+        if !data.is_empty() {
+            send_all(send, data, false).await?;
+        }
+    }
+}
+
+/// Why an attempt ended without a response to relay.
+enum Attempt {
+    /// The response head, and the stream's hold on its connection.
+    Response(
+        http::Response<RecvStream>,
+        crate::upstream::h2pool::StreamSlot,
+    ),
+    Failed(Error, FailureClass),
+    Client(Error),
+}
+
+/// Forwards the request in `conn` to HTTP/2 upstream `up`; returns whether the client
+/// connection may go on.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn proxy(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    route: &Route,
+    action: &ProxyAction,
+    params: &Params,
+    up: &UpstreamRt,
+    body: BodyPlan,
+    plan: Plan,
+) -> bool {
+    let head_len = conn.head.len;
+    let stats = up.shared.stats(w.id);
+    let mut body_read = !matches!(body, BodyPlan::Streamed);
+    let mut body_touched = false;
+    let mut tried = Tried::default();
+    let mut attempts = 0u32;
+    let mut retry_slot: Option<RetrySlot<'_>> = None;
+    let (ticket, inflight, resp, _stream_slot) = loop {
+        attempts += 1;
+        let ticket = Ticket {
+            breaker: &up.shared.breaker,
+            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
+            recorded: false,
+        };
+        if let Admit::Reject(secs) = ticket.admit {
+            add(&stats.circuit_open, 1);
+            conn.consume_head(head_len);
+            let close = !body_read || !info.keep_alive || w.draining();
+            let sent = respond::error_retry_after(
+                w,
+                cg,
+                &mut conn.stream,
+                ErrorKind::CircuitOpen,
+                secs,
+                info,
+                close,
+            )
+            .await;
+            return sent && !close;
+        }
+        let retry = Retry {
+            w,
+            up,
+            attempts,
+            method_retryable: plan.method_retryable,
+            total_deadline: plan.total_deadline,
+        };
+        let ep = match up.pick(plan.key, &tried, w.now_ms(), Instant::now(), w.shared.epoch) {
+            Ok(ep) => ep,
+            Err(e) => {
+                conn.consume_head(head_len);
+                let kind = if e == PickError::NoEndpoints {
+                    ErrorKind::NoEndpoint
+                } else {
+                    add(&stats.saturated, 1);
+                    ErrorKind::UpstreamSaturated
+                };
+                return fail(
+                    w,
+                    cg,
+                    conn,
+                    info,
+                    Error::new(kind, Side::Upstream),
+                    !body_read,
+                )
+                .await;
+            }
+        };
+        tried.add(&ep);
+        let inflight = ep.begin(w.id);
+        let started = Instant::now();
+        let outcome: Attempt = 'attempt: {
+            let (sender, slot) = match up.h2_stream(&ep).await {
+                Ok(x) => x,
+                Err(e) => {
+                    let err = match e {
+                        crate::upstream::ConnectError::TimedOut => {
+                            Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
+                        }
+                        crate::upstream::ConnectError::Busy => {
+                            Error::new(ErrorKind::UpstreamSaturated, Side::Upstream)
+                        }
+                        crate::upstream::ConnectError::Failed(io) => {
+                            Error::new(ErrorKind::UpstreamConnect, Side::Upstream).with_cause(io)
+                        }
+                    };
+                    break 'attempt Attempt::Failed(err, FailureClass::Connect);
+                }
+            };
+            let req = match build_request(cg, conn, info, route, action, params, ep.authority()) {
+                Ok(r) => r,
+                Err(e) => break 'attempt Attempt::Client(e),
+            };
+            let reset = |e: h2::Error| {
+                Attempt::Failed(
+                    Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e),
+                    FailureClass::Reset,
+                )
+            };
+            let mut sender = match sender.ready().await {
+                Ok(s) => s,
+                Err(e) => break 'attempt reset(e),
+            };
+            let end_stream = matches!(body, BodyPlan::None);
+            let (resp, mut stream) = match sender.send_request(req, end_stream) {
+                Ok(x) => x,
+                Err(e) => break 'attempt reset(e),
+            };
+            let head_deadline = {
+                let d = (w.now() + plan.try_timeout).min(plan.total_deadline);
+                plan.grpc_deadline.map_or(d, |g| d.min(g))
+            };
+            let sent = match &body {
+                BodyPlan::None => Ok(()),
+                BodyPlan::Buffered(b) => {
+                    send_all(&mut stream, Bytes::copy_from_slice(b), true).await
+                }
+                BodyPlan::Streamed => {
+                    conn.consume_head(head_len);
+                    body_touched = true;
+                    let r = pump_body(w, cg, conn, info.framing, plan.max_body, &mut stream).await;
+                    body_read = r.is_ok();
+                    r
+                }
+            };
+            if let Err(e) = sent {
+                if e.side() != Side::Upstream {
+                    stream.send_reset(h2::Reason::CANCEL);
+                    break 'attempt Attempt::Client(e);
+                }
+                // The upstream stopped taking the body: it may have answered already.
+            }
+            let resp =
+                monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp)
+                    .await;
+            match resp {
+                Err(_) => Attempt::Failed(
+                    Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                        .with_cause("no response head in time"),
+                    FailureClass::Timeout,
+                ),
+                Ok(Err(e)) => reset(e),
+                Ok(Ok(r)) => Attempt::Response(r, slot),
+            }
+        };
+        match outcome {
+            Attempt::Response(r, slot) => {
+                let elapsed = started.elapsed();
+                ep.observe_latency(elapsed, Instant::now());
+                up.record_latency(elapsed);
+                let status = r.status().as_u16();
+                if status >= 500
+                    && retry.allowed(
+                        FailureClass::Status5xx,
+                        status,
+                        !body_touched,
+                        &mut retry_slot,
+                    )
+                {
+                    drop(inflight);
+                    record(w, up, &ep, ticket, Err(FailureClass::Status5xx));
+                    backoff(w, up, attempts, plan.total_deadline).await;
+                    continue;
+                }
+                break (ticket, inflight, r, slot);
+            }
+            Attempt::Failed(err, class) => {
+                drop(inflight);
+                record(w, up, &ep, ticket, Err(class));
+                log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
+                if retry.allowed(class, 0, !body_touched, &mut retry_slot) {
+                    backoff(w, up, attempts, plan.total_deadline).await;
+                    continue;
+                }
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !body_read).await;
+            }
+            Attempt::Client(err) => {
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, true).await;
+            }
+        }
+    };
+    conn.consume_head(head_len);
+    drop(retry_slot);
+    let ep = inflight.endpoint().clone();
+    let status = resp.status().as_u16();
+    let (keep, upstream_failure) = relay(w, cg, conn, info, resp, body_read, &plan).await;
+    drop(inflight);
+    let outcome = if status >= 500 {
+        Err(FailureClass::Status5xx)
+    } else {
+        upstream_failure.map_or(Ok(()), Err)
+    };
+    record(w, up, &ep, ticket, outcome);
+    keep
+}
+
+/// Writes the response to the client as HTTP/1.1; returns (keep the client connection, the
+/// upstream's failure if it failed mid-way).
+async fn relay(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    resp: http::Response<RecvStream>,
+    body_read: bool,
+    plan: &Plan,
+) -> (bool, Option<FailureClass>) {
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status.as_u16();
+    let http10 = info.version == Version::Http10;
+    let bodiless = info.method == Method::Head || status == 204 || status == 304;
+    let length = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| crate::http1::body::parse_content_length(v.as_bytes()));
+    #[derive(PartialEq, Clone, Copy)]
+    enum Out {
+        None,
+        Length,
+        Chunked,
+        Close,
+    }
+    let out_framing = if bodiless || body.is_end_stream() && length.is_none() {
+        Out::None
+    } else if length.is_some() {
+        Out::Length
+    } else if !http10 {
+        Out::Chunked
+    } else {
+        Out::Close
+    };
+    let keep_client = info.keep_alive && body_read && !w.draining() && out_framing != Out::Close;
+    let mut out = w.pool.take();
+    let head = (|| {
+        put_status_line(&mut out, status, b"")?;
+        for (name, value) in &parts.headers {
+            if name == http::header::CONTENT_LENGTH
+                || name == http::header::CONNECTION
+                || name == http::header::TRANSFER_ENCODING
+                || name.as_str() == "x-request-id"
+                || name.as_str() == "keep-alive"
+            {
+                continue;
+            }
+            put_field(&mut out, name.as_str().as_bytes(), value.as_bytes())?;
+        }
+        match (out_framing, length) {
+            (Out::Length, Some(n)) | (Out::None, Some(n)) => {
+                out.put(b"content-length: ")?;
+                put_u64(&mut out, n)?;
+                out.put(b"\r\n")?;
+            }
+            (Out::Chunked, _) => put_field(&mut out, b"transfer-encoding", b"chunked")?,
+            (Out::None, None) if !bodiless => put_field(&mut out, b"content-length", b"0")?,
+            _ => {}
+        }
+        if !keep_client {
+            put_field(&mut out, b"connection", b"close")?;
+        } else if http10 {
+            put_field(&mut out, b"connection", b"keep-alive")?;
+        }
+        put_field(&mut out, b"x-request-id", info.rid.as_bytes())?;
+        out.put(b"\r\n")
+    })();
+    if head.is_err() {
+        let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
+            .with_cause("response head too large to relay");
+        let sent = fail(w, cg, conn, info, err, !body_read).await;
+        return (sent, Some(FailureClass::Invalid));
+    }
+    if !keep_client {
+        conn.linger = !body_read;
+    }
+    w.metrics().response(status);
+    let deadline = w.now() + cg.gen.http.send_timeout;
+    let (res, _) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+    if res.is_err() {
+        return (false, None);
+    }
+    if out_framing == Out::None {
+        return (keep_client, None);
+    }
+    // Body: DATA frames as they come, each written before the next is taken (and only then
+    // is the window given back to the upstream).
+    loop {
+        let idle = {
+            let d = w.now() + plan.read_timeout;
+            plan.grpc_deadline.map_or(d, |g| d.min(g))
+        };
+        let next =
+            monoio::time::timeout_at(monoio::time::Instant::from_std(idle), body.data()).await;
+        let failed = match next {
+            Ok(Some(Ok(c))) => Ok(c),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e))
+            }
+            Err(_) => Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                .with_cause("response body stalled")),
+        };
+        let chunk = match failed {
+            Ok(c) => c,
+            Err(e) if info.grpc && out_framing == Out::Chunked => {
+                // A gRPC call ends with a status, also when it fails half-way: the deadline
+                // (or the upstream) ended it.
+                return grpc_end(w, cg, conn, info, e).await;
+            }
+            Err(e) => return cut_short(w, conn, info, e),
+        };
+        let n = chunk.len();
+        if n == 0 {
+            continue;
+        }
+        if write_piece(w, cg, conn, &chunk, out_framing == Out::Chunked)
+            .await
+            .is_err()
+        {
+            return (false, None);
+        }
+        let _ = body.flow_control().release_capacity(n);
+    }
+    let trailers = if out_framing == Out::Chunked {
+        match body.trailers().await {
+            Ok(t) => t,
+            Err(e) => {
+                return cut_short(
+                    w,
+                    conn,
+                    info,
+                    Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e),
+                )
+            }
+        }
+    } else {
+        None
+    };
+    if out_framing == Out::Chunked {
+        let mut end = w.pool.take();
+        let written = (|| {
+            end.put(b"0\r\n")?;
+            if let Some(t) = &trailers {
+                for (name, value) in t {
+                    put_field(&mut end, name.as_str().as_bytes(), value.as_bytes())?;
+                }
+            }
+            end.put(b"\r\n")
+        })();
+        if written.is_err() {
+            return cut_short(
+                w,
+                conn,
+                info,
+                Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
+                    .with_cause("trailers too large"),
+            );
+        }
+        let deadline = w.now() + cg.gen.http.send_timeout;
+        let (res, _) = write_all_by(&mut conn.stream, end, deadline, &w.pool).await;
+        if res.is_err() {
+            return (false, None);
+        }
+    }
+    (keep_client, None)
+}
+
+/// Writes one DATA frame's bytes to the client, chunk-framed when asked.
+async fn write_piece(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    data: &[u8],
+    chunked: bool,
+) -> Result<(), ()> {
+    let deadline = w.now() + cg.gen.http.send_timeout;
+    let mut rest = data;
+    let mut first = true;
+    while !rest.is_empty() || first {
+        let mut b: Block = w.body_pool.take();
+        if chunked && first {
+            let mut digits = [0u8; 20];
+            let _ = b.put(hex(data.len() as u64, &mut digits));
+            let _ = b.put(b"\r\n");
+        }
+        first = false;
+        let n = rest.len().min(b.spare().saturating_sub(2));
+        let _ = b.put(&rest[..n]);
+        rest = &rest[n..];
+        if chunked && rest.is_empty() {
+            let _ = b.put(b"\r\n");
+        }
+        let len = b.len() as u64;
+        let (res, _) = write_all_by(&mut conn.stream, b, deadline, &w.body_pool).await;
+        res.map_err(|_| ())?;
+        add(&w.metrics().bytes_out, len);
+    }
+    Ok(())
+}
+
+fn hex(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[(v & 15) as usize];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+/// Ends a gRPC response whose body failed with trailers carrying the gRPC status.
+async fn grpc_end(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    e: Error,
+) -> (bool, Option<FailureClass>) {
+    let class = if e.kind() == ErrorKind::UpstreamTimeout {
+        FailureClass::Timeout
+    } else {
+        FailureClass::MidBody
+    };
+    tracing::debug!(request_id = %info.rid.as_str(), error = %e, "gRPC response ended with a status");
+    let mut digits = [0u8; 20];
+    let code = crate::http1::encode::decimal(
+        u64::from(crate::h2::grpc::status_for(e.kind())),
+        &mut digits,
+    );
+    let mut end = w.pool.take();
+    let written = (|| {
+        end.put(b"0\r\n")?;
+        put_field(&mut end, b"grpc-status", code)?;
+        put_field(&mut end, b"grpc-message", e.kind().message().as_bytes())?;
+        end.put(b"\r\n")
+    })();
+    if written.is_err() {
+        return cut_short(w, conn, info, e);
+    }
+    let deadline = w.now() + cg.gen.http.send_timeout;
+    let _ = write_all_by(&mut conn.stream, end, deadline, &w.pool).await;
+    (false, Some(class))
+}
+
+/// The response was cut short: reset the client connection so it cannot pass for complete.
+fn cut_short(
+    w: &Worker,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    e: Error,
+) -> (bool, Option<FailureClass>) {
+    let _ = w;
+    if let Some(fd) = conn.stream.fd() {
+        crate::net::sys::reset_on_close(fd);
+    }
+    conn.aborted = true;
+    tracing::warn!(request_id = %info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
+    let class = if e.kind() == ErrorKind::UpstreamTimeout {
+        FailureClass::Timeout
+    } else {
+        FailureClass::MidBody
+    };
+    (false, Some(class))
+}

@@ -1,0 +1,285 @@
+//! HTTP/2 upstreams and gRPC through ringway, over real sockets: an h2c origin written with the
+//! h2 crate (on its own tokio thread) answers gRPC-shaped calls with trailers. Covered: unary
+//! and server-streaming calls from an HTTP/2 client with trailers and TE passed through,
+//! `grpc-timeout` as the deadline, trailers-only gRPC errors from the gateway, and HTTP/1.1
+//! clients reaching an HTTP/2 upstream (trailers in a chunked trailer section).
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use support::*;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A gRPC message frame: uncompressed flag, 4-byte length, payload.
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8];
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An h2c origin: `/echo.Svc/Unary` answers with the request's frames and grpc-status 0;
+/// `/echo.Svc/Stream` sends three messages 50 ms apart; `/echo.Svc/Slow` waits 2 s; anything
+/// else is a plain 200 with a trailer `x-done: yes`. Each answer carries `x-te` and
+/// `x-grpc-timeout` as the origin saw them.
+fn h2_origin() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, respond))) = conn.accept().await {
+                        tokio::spawn(serve(req, respond));
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
+    let (parts, mut body) = req.into_parts();
+    if parts.uri.path() == "/echo.Svc/SlowHead" {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let te = parts
+        .headers
+        .get("te")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let timeout = parts
+        .headers
+        .get("grpc-timeout")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let mut input = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        input.extend_from_slice(&chunk);
+    }
+    let resp = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .header("x-te", te)
+        .header("x-grpc-timeout", timeout)
+        .body(())
+        .unwrap();
+    let mut send = respond.send_response(resp, false).unwrap();
+    let path = parts.uri.path().to_string();
+    let mut trailers = http::HeaderMap::new();
+    match path.as_str() {
+        "/echo.Svc/Unary" => {
+            send.send_data(Bytes::from(input), false).unwrap();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            trailers.insert("grpc-message", "ok".parse().unwrap());
+        }
+        "/echo.Svc/Stream" => {
+            for i in 0..3 {
+                send.send_data(Bytes::from(frame(format!("msg {i}").as_bytes())), false)
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            trailers.insert("grpc-status", "0".parse().unwrap());
+        }
+        "/echo.Svc/Slow" => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            trailers.insert("grpc-status", "0".parse().unwrap());
+        }
+        _ => {
+            send.send_data(
+                Bytes::from(format!("plain {} {}", parts.method, input.len())),
+                false,
+            )
+            .unwrap();
+            trailers.insert("x-done", "yes".parse().unwrap());
+        }
+    }
+    let _ = send.send_trailers(trailers);
+}
+
+fn proxy_to_h2(origin: SocketAddr) -> Proxy {
+    Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"grpc\"\n"
+    ))
+}
+
+/// One gRPC-shaped call over h2c through ringway: (status, headers, data, trailers, elapsed).
+async fn call(
+    addr: SocketAddr,
+    path: &str,
+    body: &[u8],
+    timeout: Option<&str>,
+) -> (
+    u16,
+    http::HeaderMap,
+    Vec<u8>,
+    Option<http::HeaderMap>,
+    Duration,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://svc.test{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        req = req.header("grpc-timeout", t);
+    }
+    let started = Instant::now();
+    let mut c = client.ready().await.unwrap();
+    let (resp, mut send) = c.send_request(req.body(()).unwrap(), false).unwrap();
+    send.send_data(Bytes::copy_from_slice(body), true).unwrap();
+    let resp = resp.await.unwrap();
+    let (parts, mut rbody) = resp.into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = rbody.data().await {
+        let chunk = chunk.unwrap();
+        let _ = rbody.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = rbody.trailers().await.unwrap();
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        data,
+        trailers,
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn unary_and_streaming_calls_keep_their_trailers() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    rt().block_on(async {
+        let msg = frame(b"hello");
+        let (status, headers, data, trailers, _) =
+            call(proxy.addr, "/echo.Svc/Unary", &msg, Some("5S")).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(
+            headers["x-te"], "trailers",
+            "TE: trailers reaches the server"
+        );
+        assert_eq!(headers["x-grpc-timeout"], "5S");
+        assert_eq!(data, msg);
+        let t = trailers.expect("trailers");
+        assert_eq!(
+            (
+                t["grpc-status"].to_str().unwrap(),
+                t["grpc-message"].to_str().unwrap()
+            ),
+            ("0", "ok")
+        );
+
+        let (status, _, data, trailers, elapsed) =
+            call(proxy.addr, "/echo.Svc/Stream", &[], None).await;
+        assert_eq!(status, 200);
+        let expected: Vec<u8> = (0..3)
+            .flat_map(|i| frame(format!("msg {i}").as_bytes()))
+            .collect();
+        assert_eq!(data, expected);
+        assert_eq!(trailers.unwrap()["grpc-status"], "0");
+        assert!(elapsed >= Duration::from_millis(100));
+    });
+}
+
+#[test]
+fn grpc_deadline_and_gateway_errors_are_trailers_only() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    rt().block_on(async {
+        let (status, headers, data, trailers, elapsed) =
+            call(proxy.addr, "/echo.Svc/Slow", &frame(b"x"), Some("200m")).await;
+        assert_eq!(status, 200);
+        // The server sent its headers at once and then nothing: the deadline ends the call
+        // with DEADLINE_EXCEEDED in the trailers.
+        let t = trailers.expect("trailers");
+        assert_eq!(
+            t["grpc-status"], "4",
+            "DEADLINE_EXCEEDED: {headers:?} {t:?}"
+        );
+        assert!(data.is_empty());
+        assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+        // Nothing at all before the deadline: a trailers-only DEADLINE_EXCEEDED.
+        let (status, headers, data, trailers, elapsed) =
+            call(proxy.addr, "/echo.Svc/SlowHead", &frame(b"x"), Some("200m")).await;
+        assert_eq!(
+            (status, headers["grpc-status"].to_str().unwrap()),
+            (200, "4")
+        );
+        assert!(data.is_empty() && trailers.is_none(), "trailers-only");
+        assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+    });
+    // No upstream at all: UNAVAILABLE, not a JSON envelope.
+    let proxy = proxy_to_h2(closed_port());
+    rt().block_on(async {
+        let (status, headers, data, _, _) =
+            call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), None).await;
+        assert_eq!(
+            (status, headers["grpc-status"].to_str().unwrap()),
+            (200, "14")
+        );
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert!(data.is_empty());
+    });
+}
+
+#[test]
+fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    let mut c = proxy.connect();
+    let r = c.get("/plain");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "plain GET 0");
+    // A body up, trailers down (chunked, for an HTTP/1.1 client).
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(
+        b"POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
+    assert!(text.contains("plain post 5"), "{text}");
+    assert!(text.ends_with("0\r\nx-done: yes\r\n\r\n"), "{text}");
+    // Keep-alive over several requests on one HTTP/2 connection upstream.
+    for _ in 0..20 {
+        assert_eq!(c.get("/plain").status, 200);
+    }
+    let m = metrics(proxy.addr);
+    assert_eq!(
+        m["ringway_upstream_pool_misses_total{upstream=\"grpc\"}"], 1.0,
+        "{m:?}"
+    );
+}
