@@ -229,6 +229,8 @@ pub struct UpstreamConfig {
     pub protocol: UpstreamProtocol,
     /// HTTP/2 connections per endpoint per worker (streams are multiplexed over them).
     pub h2_connections: usize,
+    /// TLS toward the endpoints, when set.
+    pub tls: Option<std::sync::Arc<crate::tls::client::UpstreamTls>>,
 }
 
 /// `protocol = ...` of an upstream.
@@ -238,6 +240,15 @@ pub enum UpstreamProtocol {
     Http1,
     /// HTTP/2 over cleartext TCP (prior knowledge), multiplexed.
     H2c,
+    /// HTTP/2 over TLS (ALPN `h2`), multiplexed.
+    H2,
+}
+
+impl UpstreamProtocol {
+    /// Whether streams are multiplexed over HTTP/2 connections.
+    pub fn is_h2(self) -> bool {
+        matches!(self, UpstreamProtocol::H2c | UpstreamProtocol::H2)
+    }
 }
 
 /// `balancer = ...`

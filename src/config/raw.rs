@@ -131,6 +131,25 @@ pub(crate) struct RawUpstream {
     pub(crate) pool_idle_timeout: Option<Spanned<String>>,
     pub(crate) protocol: Option<Spanned<String>>,
     pub(crate) h2_connections: Option<Spanned<i64>>,
+    pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
+}
+
+/// An upstream's `tls = true` or `tls = { ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawUpstreamTls {
+    Flag(bool),
+    Table(RawUpstreamTlsTable),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTlsTable {
+    pub(crate) ca_file: Option<String>,
+    pub(crate) server_name: Option<String>,
+    pub(crate) client_cert: Option<String>,
+    pub(crate) client_key: Option<String>,
+    pub(crate) insecure_skip_verify: Option<bool>,
 }
 
 /// `"host:port"` or `{ address = "host:port", weight = 2 }`.

@@ -500,6 +500,21 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         endpoints.push(spec);
     }
     let response_timeout = ctx.duration(&u.response_timeout, Duration::from_secs(15))?;
+    let protocol = match u
+        .protocol
+        .as_ref()
+        .map(|p| (p.get_ref().as_str(), p.span()))
+    {
+        None | Some(("http1", _)) => super::UpstreamProtocol::Http1,
+        Some(("h2c", _)) => super::UpstreamProtocol::H2c,
+        Some(("h2", _)) => super::UpstreamProtocol::H2,
+        Some((_, span)) => {
+            return Err(ctx.error(
+                span,
+                "protocol must be \"http1\", \"h2c\" or \"h2\" (HTTP/2 over TLS)",
+            ))
+        }
+    };
     Ok(UpstreamConfig {
         name,
         endpoints,
@@ -608,17 +623,51 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         read_timeout: ctx.duration(&u.read_timeout, Duration::from_secs(60))?,
         pool_max_idle: ctx.int(&u.pool_max_idle, 64, 0..100_000, "pool_max_idle")? as usize,
         pool_idle_timeout: ctx.duration(&u.pool_idle_timeout, Duration::from_secs(30))?,
-        protocol: match u
-            .protocol
-            .as_ref()
-            .map(|p| (p.get_ref().as_str(), p.span()))
-        {
-            None | Some(("http1", _)) => super::UpstreamProtocol::Http1,
-            Some(("h2c", _)) => super::UpstreamProtocol::H2c,
-            Some((_, span)) => return Err(ctx.error(span, "protocol must be \"http1\" or \"h2c\"")),
-        },
+        protocol,
+        tls: compile_upstream_tls(ctx, u, protocol)?,
         h2_connections: ctx.int(&u.h2_connections, 2, 1..64, "h2_connections")? as usize,
     })
+}
+
+/// An upstream's `tls`: `true` (system trust store) or a table.
+fn compile_upstream_tls(
+    ctx: &Ctx<'_>,
+    u: &RawUpstream,
+    protocol: super::UpstreamProtocol,
+) -> Result<Option<std::sync::Arc<crate::tls::client::UpstreamTls>>, ConfigError> {
+    use super::raw::{RawUpstreamTls, RawUpstreamTlsTable};
+    use crate::tls::client::UpstreamTlsSpec;
+    let empty = RawUpstreamTlsTable::default();
+    let (t, span) = match u.tls.as_ref().map(|t| (t.get_ref(), t.span())) {
+        None | Some((RawUpstreamTls::Flag(false), _)) => {
+            if protocol == super::UpstreamProtocol::H2 {
+                let span = u.protocol.as_ref().map_or(0..0, |p| p.span());
+                return Err(ctx.error(span, "protocol = \"h2\" is HTTP/2 over TLS: set `tls`"));
+            }
+            return Ok(None);
+        }
+        Some((RawUpstreamTls::Flag(true), span)) => (&empty, span),
+        Some((RawUpstreamTls::Table(t), span)) => (t, span),
+    };
+    let path = |p: &String| crate::tls::resolve_path(&ctx.base_dir, p);
+    let client_cert = match (&t.client_cert, &t.client_key) {
+        (Some(c), Some(k)) => Some((path(c), path(k))),
+        (None, None) => None,
+        _ => return Err(ctx.error(span, "tls.client_cert and tls.client_key go together")),
+    };
+    let spec = UpstreamTlsSpec {
+        ca_file: t.ca_file.as_ref().map(path),
+        server_name: t.server_name.clone(),
+        client_cert,
+        insecure_skip_verify: t.insecure_skip_verify.unwrap_or(false),
+    };
+    let alpn: &[&[u8]] = match protocol {
+        super::UpstreamProtocol::H2 => &[b"h2"],
+        _ => &[b"http/1.1"],
+    };
+    crate::tls::client::build(&spec, alpn)
+        .map(|t| Some(std::sync::Arc::new(t)))
+        .map_err(|e| ctx.error(span, e))
 }
 
 fn compile_balancer(

@@ -25,22 +25,22 @@ pub enum ClientStream {
     Virtual(VirtualConn),
 }
 
-/// The read half of a split client connection (tunnels).
+/// The read half of a split connection, plain or TLS (tunnels, upstream connections).
 #[derive(Debug)]
-pub enum ClientRead {
+pub enum ReadHalf {
     /// Cleartext.
     Plain(OwnedReadHalf<TcpStream>),
-    /// TLS.
-    Tls(TlsReadHalf),
+    /// TLS (boxed: the plain case stays small where connections are moved around).
+    Tls(Box<TlsReadHalf>),
 }
 
-/// The write half of a split client connection (tunnels).
+/// The write half of a split connection, plain or TLS (tunnels, upstream connections).
 #[derive(Debug)]
-pub enum ClientWrite {
+pub enum WriteHalf {
     /// Cleartext.
     Plain(OwnedWriteHalf<TcpStream>),
-    /// TLS.
-    Tls(TlsWriteHalf),
+    /// TLS (boxed, as the read half).
+    Tls(Box<TlsWriteHalf>),
 }
 
 impl ClientStream {
@@ -74,15 +74,15 @@ impl ClientStream {
 
     /// Splits into halves usable at once; `None` for a virtual connection (HTTP/2 streams
     /// are never tunnelled).
-    pub fn into_split(self) -> Option<(ClientRead, ClientWrite)> {
+    pub fn into_split(self) -> Option<(ReadHalf, WriteHalf)> {
         match self {
             ClientStream::Plain(s) => {
                 let (r, w) = s.into_split();
-                Some((ClientRead::Plain(r), ClientWrite::Plain(w)))
+                Some((ReadHalf::Plain(r), WriteHalf::Plain(w)))
             }
             ClientStream::Tls(t, _) => {
                 let (r, w) = t.into_split();
-                Some((ClientRead::Tls(r), ClientWrite::Tls(w)))
+                Some((ReadHalf::Tls(Box::new(r)), WriteHalf::Tls(Box::new(w))))
             }
             ClientStream::Virtual(_) => None,
         }
@@ -141,48 +141,48 @@ impl AsyncWriteRent for ClientStream {
     }
 }
 
-impl AsyncReadRent for ClientRead {
+impl AsyncReadRent for ReadHalf {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientRead::Plain(s) => s.read(buf).await,
-            ClientRead::Tls(s) => s.read(buf).await,
+            ReadHalf::Plain(s) => s.read(buf).await,
+            ReadHalf::Tls(s) => s.read(buf).await,
         }
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientRead::Plain(s) => s.readv(buf).await,
-            ClientRead::Tls(s) => s.readv(buf).await,
+            ReadHalf::Plain(s) => s.readv(buf).await,
+            ReadHalf::Tls(s) => s.readv(buf).await,
         }
     }
 }
 
-impl AsyncWriteRent for ClientWrite {
+impl AsyncWriteRent for WriteHalf {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientWrite::Plain(s) => s.write(buf).await,
-            ClientWrite::Tls(s) => s.write(buf).await,
+            WriteHalf::Plain(s) => s.write(buf).await,
+            WriteHalf::Tls(s) => s.write(buf).await,
         }
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientWrite::Plain(s) => s.writev(buf).await,
-            ClientWrite::Tls(s) => s.writev(buf).await,
+            WriteHalf::Plain(s) => s.writev(buf).await,
+            WriteHalf::Tls(s) => s.writev(buf).await,
         }
     }
 
     async fn flush(&mut self) -> io::Result<()> {
         match self {
-            ClientWrite::Plain(s) => s.flush().await,
-            ClientWrite::Tls(s) => s.flush().await,
+            WriteHalf::Plain(s) => s.flush().await,
+            WriteHalf::Tls(s) => s.flush().await,
         }
     }
 
     async fn shutdown(&mut self) -> io::Result<()> {
         match self {
-            ClientWrite::Plain(s) => s.shutdown().await,
-            ClientWrite::Tls(s) => s.shutdown().await,
+            WriteHalf::Plain(s) => s.shutdown().await,
+            WriteHalf::Tls(s) => s.shutdown().await,
         }
     }
 }

@@ -22,9 +22,6 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
-use monoio::net::TcpStream;
-
 use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Either};
 use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
@@ -38,7 +35,7 @@ use crate::http1::{
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
     MAX_HEADERS_HARD_LIMIT,
 };
-use crate::net::client::ClientStream;
+use crate::net::client::{ClientStream, ReadHalf, WriteHalf};
 use crate::observe::metrics::add;
 use crate::route::criteria::{parse_cookies, HeaderLookup};
 use crate::route::{rewrite_path, Params, ProxyAction, Route};
@@ -458,7 +455,7 @@ pub(super) async fn proxy(
         }
         _ => BodyPlan::Streamed,
     };
-    if up.cfg.protocol == crate::config::UpstreamProtocol::H2c {
+    if up.cfg.protocol.is_h2() {
         let plan = super::forward_h2::Plan {
             key,
             method_retryable,
@@ -876,7 +873,7 @@ async fn exchange(
 /// Writes `bytes` (a buffered body beyond the head block) through pooled blocks.
 async fn write_bytes(
     w: &Worker,
-    up: &mut OwnedWriteHalf<TcpStream>,
+    up: &mut WriteHalf,
     mut bytes: &[u8],
     deadline: Instant,
 ) -> stdio::Result<()> {
@@ -1040,7 +1037,7 @@ async fn pump_request_body(
     cg: &CoreGen,
     client: &mut ClientStream,
     rbuf: &mut Option<Block>,
-    up: &mut OwnedWriteHalf<TcpStream>,
+    up: &mut WriteHalf,
     framing: BodyFraming,
     max_body: Option<u64>,
 ) -> Result<(), Error> {
@@ -1130,7 +1127,7 @@ struct HeadError {
 /// Reads until a final (non-1xx) response head is buffered at the front of the returned block.
 async fn read_response_head(
     w: &Worker,
-    up: &mut OwnedReadHalf<TcpStream>,
+    up: &mut ReadHalf,
     mut ubuf: Block,
     resp: &mut ResponseHead,
     method: Method,
@@ -1506,7 +1503,7 @@ impl RelayState {
         w: &Worker,
         cg: &CoreGen,
         relay: Relay,
-        up: &mut OwnedReadHalf<TcpStream>,
+        up: &mut ReadHalf,
         client: &mut ClientStream,
         mut ubuf: Block,
         read_timeout: std::time::Duration,

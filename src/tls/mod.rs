@@ -5,6 +5,7 @@
 //! Ownership: a [`TlsListener`] belongs to a generation's listener config (`Arc`, shared by all
 //! workers; rustls configs are `Send + Sync`). The per-connection state is in [`stream`].
 
+pub mod client;
 pub mod stream;
 
 use std::collections::HashMap;

@@ -54,7 +54,7 @@ pub struct TlsWriteHalf {
     broken: bool,
 }
 
-/// A server-side TLS connection after its handshake.
+/// A TLS connection (server or client side) after its handshake.
 pub struct TlsStream {
     r: TlsReadHalf,
     w: TlsWriteHalf,
@@ -212,7 +212,27 @@ impl TlsStream {
         timeout: Duration,
     ) -> io::Result<TlsStream> {
         let conn = rustls::ServerConnection::new(config).map_err(invalid)?;
-        let tls: Tls = Rc::new(RefCell::new(rustls::Connection::Server(conn)));
+        Self::handshake_with(tcp, rustls::Connection::Server(conn), timeout).await
+    }
+
+    /// Runs the client handshake on `tcp` with `config` for `name` (SNI and verification),
+    /// within `timeout`.
+    pub async fn connect(
+        tcp: TcpStream,
+        config: Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+        timeout: Duration,
+    ) -> io::Result<TlsStream> {
+        let conn = rustls::ClientConnection::new(config, name).map_err(invalid)?;
+        Self::handshake_with(tcp, rustls::Connection::Client(conn), timeout).await
+    }
+
+    async fn handshake_with(
+        tcp: TcpStream,
+        conn: rustls::Connection,
+        timeout: Duration,
+    ) -> io::Result<TlsStream> {
+        let tls: Tls = Rc::new(RefCell::new(conn));
         let (r, w) = tcp.into_split();
         let mut s = TlsStream {
             r: TlsReadHalf {
@@ -237,9 +257,12 @@ impl TlsStream {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(io::ErrorKind::TimedOut.into()),
         }
-        if let rustls::Connection::Server(c) = &*s.r.tls.borrow() {
-            s.sni = c.server_name().map(Box::from);
-            s.alpn = c.alpn_protocol().map(Box::from);
+        match &*s.r.tls.borrow() {
+            rustls::Connection::Server(c) => {
+                s.sni = c.server_name().map(Box::from);
+                s.alpn = c.alpn_protocol().map(Box::from);
+            }
+            rustls::Connection::Client(c) => s.alpn = c.alpn_protocol().map(Box::from),
         }
         Ok(s)
     }

@@ -17,6 +17,45 @@ use super::state::EndpointState;
 use super::ConnectError;
 use crate::net;
 
+/// Connection limits for [`H2Pool::stream`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// HTTP/2 connections per endpoint on this worker.
+    pub conns: usize,
+    /// Connections per endpoint across workers (0: unlimited).
+    pub total: u32,
+    /// Time for TCP, TLS and the HTTP/2 handshake each.
+    pub connect_timeout: Duration,
+}
+
+/// The HTTP/2 handshake on `io`, and its driver task (which gives the endpoint's connection
+/// slot back and marks the connection closed when it ends).
+async fn handshake<T>(
+    io: T,
+    timeout: Duration,
+    state: Arc<EndpointState>,
+) -> Result<(SendRequest<Bytes>, Rc<Cell<bool>>), std::io::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let (send, connection) =
+        match monoio::time::timeout(timeout, h2::client::Builder::new().handshake(io)).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Err(std::io::Error::other(e)),
+            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+        };
+    let closed = Rc::new(Cell::new(false));
+    let c = closed.clone();
+    monoio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+        }
+        c.set(true);
+        state.close_connection();
+    });
+    Ok((send, closed))
+}
+
 /// One HTTP/2 connection.
 #[derive(Debug)]
 struct Conn {
@@ -63,11 +102,16 @@ impl H2Pool {
     pub async fn stream(
         &self,
         addr: std::net::SocketAddr,
+        authority: &str,
         state: &Arc<EndpointState>,
-        max_conns: usize,
-        max_conns_total: u32,
-        connect_timeout: Duration,
+        limits: Limits,
+        tls: Option<&crate::tls::client::UpstreamTls>,
     ) -> Result<(SendRequest<Bytes>, StreamSlot), ConnectError> {
+        let Limits {
+            conns: max_conns,
+            total: max_conns_total,
+            connect_timeout,
+        } = limits;
         let pick = {
             let mut conns = self.conns.borrow_mut();
             conns.retain(|c| !c.closed.get());
@@ -100,37 +144,41 @@ impl H2Pool {
                 });
             }
         };
-        let io = match tcp.try_into_poll_io() {
-            Ok(io) => io,
-            Err((e, _)) => {
-                state.close_connection();
-                return Err(ConnectError::Failed(e));
+        let failed = |e: std::io::Error| {
+            state.close_connection();
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                ConnectError::TimedOut
+            } else {
+                ConnectError::Failed(e)
             }
         };
-        let handshake =
-            monoio::time::timeout(connect_timeout, h2::client::Builder::new().handshake(io)).await;
-        let (send, connection) = match handshake {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                state.close_connection();
-                return Err(ConnectError::Failed(std::io::Error::other(e)));
+        let handshake = match tls {
+            None => {
+                let io = tcp.try_into_poll_io().map_err(|(e, _)| failed(e))?;
+                handshake(io, connect_timeout, state.clone()).await
             }
-            Err(_) => {
-                state.close_connection();
-                return Err(ConnectError::TimedOut);
-            }
-        };
-        let closed = Rc::new(Cell::new(false));
-        {
-            let (closed, state) = (closed.clone(), state.clone());
-            monoio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            Some(tls) => {
+                let s = super::tls_connect(tls, authority, tcp, connect_timeout)
+                    .await
+                    .map_err(failed)?;
+                if s.alpn() != Some(&b"h2"[..]) {
+                    return Err(failed(std::io::Error::other(
+                        "the upstream did not agree on HTTP/2 (ALPN h2)",
+                    )));
                 }
-                closed.set(true);
-                state.close_connection();
-            });
-        }
+                let (conn, tcp, pending) = s
+                    .into_parts()
+                    .ok_or_else(|| failed(std::io::Error::other("TLS session split")))?;
+                let io = tcp.try_into_poll_io().map_err(|(e, _)| failed(e))?;
+                handshake(
+                    crate::h2::io::PollTls::new(io, conn, pending),
+                    connect_timeout,
+                    state.clone(),
+                )
+                .await
+            }
+        };
+        let (send, closed) = handshake.map_err(failed)?;
         let streams = Rc::new(Cell::new(1));
         self.conns.borrow_mut().push(Conn {
             send: send.clone(),

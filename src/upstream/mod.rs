@@ -38,6 +38,20 @@ pub use balancer::{Balancer, Endpoints};
 pub use pool::{IdlePool, UpConn};
 pub use state::{Admit, EndpointState, FailureClass, UpstreamState};
 
+/// The TLS handshake toward an endpoint (SNI and verification for its host, or the
+/// configured `server_name`).
+pub(crate) async fn tls_connect(
+    tls: &crate::tls::client::UpstreamTls,
+    authority: &str,
+    stream: monoio::net::TcpStream,
+    timeout: Duration,
+) -> io::Result<crate::tls::TlsStream> {
+    let name = tls
+        .name_for(authority)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    crate::tls::TlsStream::connect(stream, tls.config.clone(), name, timeout).await
+}
+
 /// Length of the retry-budget window, in one-second slots.
 pub const BUDGET_WINDOW_SECS: usize = 10;
 
@@ -458,13 +472,33 @@ impl UpstreamRt {
         // The slot now belongs to the connection: `UpConn` gives it back when dropped; a
         // failed connect gives it back here.
         add(&stats.pool_misses, 1);
-        match net::connect(ep.addr, self.cfg.connect_timeout).await {
-            Ok(stream) => Ok(UpConn::new(
-                stream,
-                ep.addr,
-                ep.authority.clone(),
-                ep.state.clone(),
-            )),
+        let connected = match net::connect(ep.addr, self.cfg.connect_timeout).await {
+            Ok(stream) => match &self.cfg.tls {
+                None => Ok(UpConn::new(
+                    stream,
+                    ep.addr,
+                    ep.authority.clone(),
+                    ep.state.clone(),
+                )),
+                Some(tls) => {
+                    use std::os::fd::AsRawFd;
+                    let fd = stream.as_raw_fd();
+                    match tls_connect(tls, &ep.authority, stream, self.cfg.connect_timeout).await {
+                        Ok(s) => Ok(UpConn::new_tls(
+                            s,
+                            fd,
+                            ep.addr,
+                            ep.authority.clone(),
+                            ep.state.clone(),
+                        )),
+                        Err(e) => Err(e),
+                    }
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match connected {
+            Ok(c) => Ok(c),
             Err(e) => {
                 ep.state.close_connection();
                 tracing::debug!(endpoint = %ep.addr, error = %e, "upstream connect failed");
@@ -578,10 +612,14 @@ impl UpstreamRt {
             .h2
             .stream(
                 ep.addr,
+                &ep.authority,
                 &ep.state,
-                self.cfg.h2_connections,
-                self.cfg.max_connections,
-                self.cfg.connect_timeout,
+                h2pool::Limits {
+                    conns: self.cfg.h2_connections,
+                    total: self.cfg.max_connections,
+                    connect_timeout: self.cfg.connect_timeout,
+                },
+                self.cfg.tls.as_deref(),
             )
             .await;
         let stats = self.shared.stats(self.worker);

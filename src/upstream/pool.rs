@@ -10,20 +10,22 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::io::Splitable;
 use monoio::net::TcpStream;
 
 use super::state::EndpointState;
+use crate::net::client::{ReadHalf, WriteHalf};
 use crate::net::sys::idle_socket_usable;
+use crate::tls::TlsStream;
 
 /// An upstream connection, split so the request body can be sent while the response head is
 /// read. It holds one of its endpoint's connection slots until dropped.
 #[derive(Debug)]
 pub struct UpConn {
     /// Read half.
-    pub read: OwnedReadHalf<TcpStream>,
+    pub read: ReadHalf,
     /// Write half.
-    pub write: OwnedWriteHalf<TcpStream>,
+    pub write: WriteHalf,
     fd: RawFd,
     addr: SocketAddr,
     authority: Arc<str>,
@@ -49,8 +51,28 @@ impl UpConn {
         let fd = stream.as_raw_fd();
         let (read, write) = stream.into_split();
         UpConn {
-            read,
-            write,
+            read: ReadHalf::Plain(read),
+            write: WriteHalf::Plain(write),
+            fd,
+            addr,
+            authority,
+            endpoint,
+            reused: false,
+        }
+    }
+
+    /// Wraps a TLS connection (`fd` its socket) to `addr`, like [`UpConn::new`].
+    pub fn new_tls(
+        tls: TlsStream,
+        fd: RawFd,
+        addr: SocketAddr,
+        authority: Arc<str>,
+        endpoint: Arc<EndpointState>,
+    ) -> Self {
+        let (read, write) = tls.into_split();
+        UpConn {
+            read: ReadHalf::Tls(Box::new(read)),
+            write: WriteHalf::Tls(Box::new(write)),
             fd,
             addr,
             authority,
