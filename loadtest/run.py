@@ -410,25 +410,29 @@ def run_all(args, targets, scenarios, rounds, duration):
 
 
 def rss_check(running, targets):
-    """RSS of each ringway before and during a 1 GiB upload and a 1 GiB download."""
+    """RSS of each ringway before and during a 1 GiB upload, a 1 GiB download, and a 1 GiB
+    HTTP/2 (h2c) download by a reader slowed to 100 MB/s (flow control must hold the rest)."""
     out = {}
     for t in [x for x in targets if x.startswith("ringway")]:
         pid = running[t].pid
         port = PORTS[t]
         before = rss_kib(pid)
-        peak = before
-        for cmd in (f"head -c 1073741824 /dev/zero | curl -s -o /dev/null -w '%{{http_code}}' -T - -X POST http://127.0.0.1:{port}/upload",
-                    f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/1g"):
+        peaks = {}
+        for name, cmd in (("upload", f"head -c 1073741824 /dev/zero | curl -s -o /dev/null -w '%{{http_code}}' -T - -X POST http://127.0.0.1:{port}/upload"),
+                          ("download", f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/1g"),
+                          ("h2 slow reader", f"curl -s --http2-prior-knowledge --limit-rate 100M -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/1g")):
+            peak = rss_kib(pid)
             p = subprocess.Popen(["taskset", "-c", str(LOADGEN_CPU), "sh", "-c", cmd], stdout=subprocess.PIPE, text=True)
             while p.poll() is None:
                 peak = max(peak, rss_kib(pid))
                 time.sleep(0.02)
             code = p.stdout.read().strip()
             if code != "200":
-                log(f"rss check {t}: {cmd} gave {code}")
+                log(f"rss check {t}: {name} gave {code}")
+            peaks[name] = peak
         after = rss_kib(pid)
-        out[t] = {"before_kib": before, "peak_kib": peak, "after_kib": after}
-        log(f"rss {t}: before {before} KiB, peak {peak} KiB, after {after} KiB")
+        out[t] = {"before_kib": before, "peaks": peaks, "after_kib": after}
+        log(f"rss {t}: before {before} KiB, peaks {peaks} KiB, after {after} KiB")
     return out
 
 
@@ -440,10 +444,10 @@ def report(results, targets, rounds, duration, elapsed):
     lines.append("")
     for sc_name, per in results.items():
         if sc_name == "rss":
-            lines.append("RSS across a 1 GiB upload and a 1 GiB download (KiB):")
+            lines.append("RSS across a 1 GiB upload, a 1 GiB download and a 1 GiB h2c download read at 100 MB/s (KiB):")
             for t, r in per.items():
-                growth = (r["peak_kib"] - r["before_kib"]) / max(r["before_kib"], 1) * 100
-                lines.append(f"  {t:14} before {r['before_kib']:>8}  peak {r['peak_kib']:>8}  after {r['after_kib']:>8}  peak growth {growth:+.1f}%")
+                peaks = "  ".join(f"{k} peak {v} (+{(v - r['before_kib']) / 1024:.1f} MiB)" for k, v in r["peaks"].items())
+                lines.append(f"  {t:14} before {r['before_kib']:>8}  {peaks}  after {r['after_kib']:>8}")
             lines.append("")
             continue
         sc = per["_scenario"]
