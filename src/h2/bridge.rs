@@ -16,9 +16,9 @@ use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::BufResult;
@@ -39,6 +39,38 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// Appends what fits of `data` (at most [`PIPE_BYTES`] held); `Pending` (with the waker
+    /// kept) when full; `None` once the reader is gone.
+    fn push(&mut self, data: &[u8], cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        if self.reader_closed {
+            return Poll::Ready(None);
+        }
+        let room = PIPE_BYTES.saturating_sub(self.data.len());
+        if room == 0 {
+            self.write_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let n = room.min(data.len());
+        self.data.extend_from_slice(&data[..n]);
+        self.wake_reader();
+        Poll::Ready(Some(n))
+    }
+
+    /// Takes up to `max` bytes; `Ready(None)` at end of stream; `Pending` when empty.
+    fn pull(&mut self, max: usize, cx: &mut Context<'_>) -> Poll<Option<BytesMut>> {
+        if !self.data.is_empty() {
+            let n = max.max(1).min(self.data.len());
+            let out = self.data.split_to(n);
+            self.wake_writer();
+            return Poll::Ready(Some(out));
+        }
+        if self.writer_closed {
+            return Poll::Ready(None);
+        }
+        self.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
     fn wake_reader(&mut self) {
         if let Some(w) = self.read_waker.take() {
             w.wake();
@@ -94,50 +126,27 @@ impl VirtualConn {
 
     async fn read_into<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
         let want = buf.bytes_total();
-        let r = poll_fn(|cx| {
-            let mut p = self.to_proxy.borrow_mut();
-            if !p.data.is_empty() {
-                let n = want.min(p.data.len());
-                // SAFETY: `n <= bytes_total` writable bytes at `write_ptr`; the source is the
-                // pipe's initialized data; they do not overlap.
-                unsafe {
-                    buf.write_ptr().copy_from_nonoverlapping(p.data.as_ptr(), n);
-                    buf.set_init(n);
-                }
-                p.data.advance(n);
-                p.wake_writer();
-                return Poll::Ready(Ok(n));
-            }
-            if p.writer_closed || want == 0 {
-                return Poll::Ready(Ok(0));
-            }
-            p.read_waker = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await;
-        (r, buf)
+        if want == 0 {
+            return (Ok(0), buf);
+        }
+        let Some(data) = poll_fn(|cx| self.to_proxy.borrow_mut().pull(want, cx)).await else {
+            return (Ok(0), buf);
+        };
+        // SAFETY: `data.len() <= bytes_total` writable bytes at `write_ptr`; the source is
+        // the pipe's initialized data; they do not overlap.
+        unsafe {
+            buf.write_ptr()
+                .copy_from_nonoverlapping(data.as_ptr(), data.len());
+            buf.set_init(data.len());
+        }
+        (Ok(data.len()), buf)
     }
 
     async fn write_from<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         // SAFETY: IoBuf's contract: `bytes_init` initialized bytes at `read_ptr`.
         let data = unsafe { std::slice::from_raw_parts(buf.read_ptr(), buf.bytes_init()) };
-        let r = poll_fn(|cx| {
-            let mut p = self.from_proxy.borrow_mut();
-            if p.reader_closed {
-                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-            }
-            let room = PIPE_BYTES.saturating_sub(p.data.len());
-            if room == 0 {
-                p.write_waker = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            let n = room.min(data.len());
-            p.data.extend_from_slice(&data[..n]);
-            p.wake_reader();
-            Poll::Ready(Ok(n))
-        })
-        .await;
-        (r, buf)
+        let n = poll_fn(|cx| self.from_proxy.borrow_mut().push(data, cx)).await;
+        (n.ok_or_else(|| io::ErrorKind::BrokenPipe.into()), buf)
     }
 
     fn close_write(&self) {
@@ -211,22 +220,7 @@ impl StreamEnd {
     /// gone.
     pub async fn write_all(&self, mut data: &[u8]) -> bool {
         while !data.is_empty() {
-            let n = poll_fn(|cx| {
-                let mut p = self.to_proxy.borrow_mut();
-                if p.reader_closed {
-                    return Poll::Ready(None);
-                }
-                let room = PIPE_BYTES.saturating_sub(p.data.len());
-                if room == 0 {
-                    p.write_waker = Some(cx.waker().clone());
-                    return Poll::Pending;
-                }
-                let n = room.min(data.len());
-                p.data.extend_from_slice(&data[..n]);
-                p.wake_reader();
-                Poll::Ready(Some(n))
-            })
-            .await;
+            let n = poll_fn(|cx| self.to_proxy.borrow_mut().push(data, cx)).await;
             match n {
                 Some(n) => data = &data[n..],
                 None => return false,
@@ -244,21 +238,9 @@ impl StreamEnd {
 
     /// Up to `max` response bytes from the proxy; `None` at end of stream.
     pub async fn read(&self, max: usize) -> Option<Bytes> {
-        poll_fn(|cx| {
-            let mut p = self.from_proxy.borrow_mut();
-            if !p.data.is_empty() {
-                let n = max.max(1).min(p.data.len());
-                let out = p.data.split_to(n).freeze();
-                p.wake_writer();
-                return Poll::Ready(Some(out));
-            }
-            if p.writer_closed {
-                return Poll::Ready(None);
-            }
-            p.read_waker = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.from_proxy.borrow_mut().pull(max, cx))
+            .await
+            .map(BytesMut::freeze)
     }
 }
 

@@ -888,6 +888,65 @@ async fn write_bytes(
     Ok(())
 }
 
+/// The request path after the route's rewrite (in the worker's scratch text).
+pub(super) fn rewrite_target<'s>(
+    scratch: &'s mut crate::worker::ctx::Scratch,
+    conn: &ClientConn,
+    src: &[u8],
+    route: &Route,
+    action: &ProxyAction,
+    params: &Params,
+) -> &'s [u8] {
+    let head = &conn.head;
+    let path = match (head.form, head.path.len) {
+        (TargetForm::Absolute, 0) => &b"/"[..],
+        _ => head.path.get(src),
+    };
+    let crate::worker::ctx::Scratch { text, captures, .. } = scratch;
+    rewrite_path(
+        &action.rewrite,
+        path,
+        params,
+        route.param_names(),
+        captures.get_mut(route.index).and_then(Option::as_mut),
+        text,
+    );
+    text.as_slice()
+}
+
+/// The Host (or `:authority`) sent upstream: the client's with `preserve_host`, else the
+/// endpoint's `authority`.
+pub(super) fn upstream_host<'a>(
+    conn: &ClientConn,
+    src: &'a [u8],
+    action: &ProxyAction,
+    authority: &'a str,
+) -> &'a [u8] {
+    if action.preserve_host && conn.head.host.len > 0 {
+        conn.head.host.get(src)
+    } else {
+        authority.as_bytes()
+    }
+}
+
+/// Whether the peer is a trusted proxy (its forwarding fields are kept), and the
+/// X-Forwarded-Proto to set (`None`: keep a trusted peer's).
+pub(super) fn forwarding(cg: &CoreGen, conn: &ClientConn) -> (bool, Option<&'static [u8]>) {
+    let trusted = cg
+        .gen
+        .gateway
+        .trusted_proxies
+        .iter()
+        .any(|net| net.contains(&conn.peer_ip));
+    let keep_proto = trusted && conn.head.find(HeaderKind::XForwardedProto).is_some();
+    let proto: Option<&'static [u8]> = match (keep_proto, conn.stream.is_tls()) {
+        (true, _) => None,
+        (false, true) => Some(b"https"),
+        (false, false) => Some(b"http"),
+    };
+    (trusted, proto)
+}
+
 /// Writes the upstream request head into `out`: the route's path rewrite, the Host, the
 /// forwarding fields.
 #[allow(clippy::too_many_arguments)]
@@ -906,35 +965,13 @@ fn encode_request(
     };
     let src = rbuf.data();
     let head = &conn.head;
-    let path = match (head.form, head.path.len) {
-        (TargetForm::Absolute, 0) => &b"/"[..],
-        _ => head.path.get(src),
-    };
-    let host = if action.preserve_host && head.host.len > 0 {
-        head.host.get(src)
-    } else {
-        upc.authority().as_bytes()
-    };
-    let trusted = cg
-        .gen
-        .gateway
-        .trusted_proxies
-        .iter()
-        .any(|net| net.contains(&conn.peer_ip));
+    let host = upstream_host(conn, src, action, upc.authority());
+    let (trusted, forwarded_proto) = forwarding(cg, conn);
     let peer = conn.peer_text.as_bytes();
-    let keep_proto = trusted && head.find(HeaderKind::XForwardedProto).is_some();
     let mut scratch = cg.scratch.borrow_mut();
-    let crate::worker::ctx::Scratch { text, captures, .. } = &mut *scratch;
-    rewrite_path(
-        &action.rewrite,
-        path,
-        params,
-        route.param_names(),
-        captures.get_mut(route.index).and_then(Option::as_mut),
-        text,
-    );
+    let text = rewrite_target(&mut scratch, conn, src, route, action, params);
     let edits = RequestEdits {
-        target: [text.as_slice(), head.query.get(src), b""],
+        target: [text, head.query.get(src), b""],
         host,
         forwarded_for: if trusted {
             ForwardedFor::Append(peer)
@@ -942,11 +979,7 @@ fn encode_request(
             ForwardedFor::Replace(peer)
         },
         real_ip: peer,
-        forwarded_proto: match (keep_proto, conn.stream.is_tls()) {
-            (true, _) => None,
-            (false, true) => Some(b"https"),
-            (false, false) => Some(b"http"),
-        },
+        forwarded_proto,
         keep_forwarded: trusted,
         request_id: info.rid.as_bytes(),
         upgrade: head.upgrade,

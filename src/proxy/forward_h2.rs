@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use h2::RecvStream;
 
-use super::forward::{backoff, fail, log_upstream, record, BodyPlan, Retry, RetrySlot, Ticket};
+use super::forward::{
+    backoff, fail, forwarding, log_upstream, record, rewrite_target, upstream_host, BodyPlan,
+    Retry, RetrySlot, Ticket,
+};
 use super::io::{read_by, write_all_by};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
@@ -23,7 +26,7 @@ use crate::http1::{
     filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
 };
 use crate::observe::metrics::add;
-use crate::route::{rewrite_path, Params, ProxyAction, Route};
+use crate::route::{Params, ProxyAction, Route};
 use crate::upstream::{Admit, FailureClass, PickError, Tried, UpstreamRt};
 use crate::worker::{CoreGen, Worker};
 
@@ -53,25 +56,10 @@ fn build_request(
     let rbuf = conn.rbuf.as_ref().ok_or_else(|| bad("no request buffer"))?;
     let src = rbuf.data();
     let head = &conn.head;
-    let path = match (head.form, head.path.len) {
-        (crate::http1::head::TargetForm::Absolute, 0) => &b"/"[..],
-        _ => head.path.get(src),
-    };
     let mut scratch = cg.scratch.borrow_mut();
-    let crate::worker::ctx::Scratch { text, captures, .. } = &mut *scratch;
-    rewrite_path(
-        &action.rewrite,
-        path,
-        params,
-        route.param_names(),
-        captures.get_mut(route.index).and_then(Option::as_mut),
-        text,
-    );
-    let host = if action.preserve_host && head.host.len > 0 {
-        head.host.get(src)
-    } else {
-        authority.as_bytes()
-    };
+    let text = rewrite_target(&mut scratch, conn, src, route, action, params);
+    let host = upstream_host(conn, src, action, authority);
+    let (trusted, forwarded_proto) = forwarding(cg, conn);
     let mut uri = Vec::with_capacity(16 + host.len() + text.len() + head.query.len as usize);
     uri.extend_from_slice(b"http://");
     uri.extend_from_slice(host);
@@ -81,12 +69,6 @@ fn build_request(
         .method(head.method_span.get(src))
         .uri(uri.as_slice())
         .version(http::Version::HTTP_2);
-    let trusted = cg
-        .gen
-        .gateway
-        .trusted_proxies
-        .iter()
-        .any(|net| net.contains(&conn.peer_ip));
     let mut te_trailers = false;
     let mut xff = String::new();
     for h in &head.headers {
@@ -126,15 +108,8 @@ fn build_request(
         .header("x-forwarded-for", xff)
         .header("x-real-ip", peer)
         .header("x-request-id", info.rid.as_str());
-    if !trusted || head.find(HeaderKind::XForwardedProto).is_none() {
-        b = b.header(
-            "x-forwarded-proto",
-            if conn.stream.is_tls() {
-                "https"
-            } else {
-                "http"
-            },
-        );
+    if let Some(proto) = forwarded_proto {
+        b = b.header("x-forwarded-proto", proto);
     }
     b.body(())
         .map_err(|_| bad("request not representable in HTTP/2"))
