@@ -124,22 +124,13 @@ impl VirtualConn {
         self.tls
     }
 
-    async fn read_into<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
-        let want = buf.bytes_total();
-        if want == 0 {
-            return (Ok(0), buf);
+    /// A second handle on the request direction, usable while this connection writes the
+    /// response (a request body streamed up while the response streams down: gRPC's
+    /// bidirectional calls). It reads the same bytes: one of the two reads at a time.
+    pub fn reader(&self) -> VirtualReader {
+        VirtualReader {
+            to_proxy: self.to_proxy.clone(),
         }
-        let Some(data) = poll_fn(|cx| self.to_proxy.borrow_mut().pull(want, cx)).await else {
-            return (Ok(0), buf);
-        };
-        // SAFETY: `data.len() <= bytes_total` writable bytes at `write_ptr`; the source is
-        // the pipe's initialized data; they do not overlap.
-        unsafe {
-            buf.write_ptr()
-                .copy_from_nonoverlapping(data.as_ptr(), data.len());
-            buf.set_init(data.len());
-        }
-        (Ok(data.len()), buf)
     }
 
     async fn write_from<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
@@ -165,22 +156,63 @@ impl Drop for VirtualConn {
     }
 }
 
+/// Reads request bytes from the pipe into `buf`; `Ok(0)` at end of stream.
+async fn read_into<T: IoBufMut>(pipe: &Shared, mut buf: T) -> BufResult<usize, T> {
+    let want = buf.bytes_total();
+    if want == 0 {
+        return (Ok(0), buf);
+    }
+    let Some(data) = poll_fn(|cx| pipe.borrow_mut().pull(want, cx)).await else {
+        return (Ok(0), buf);
+    };
+    // SAFETY: `data.len() <= bytes_total` writable bytes at `write_ptr`; the source is the
+    // pipe's initialized data; they do not overlap.
+    unsafe {
+        buf.write_ptr()
+            .copy_from_nonoverlapping(data.as_ptr(), data.len());
+        buf.set_init(data.len());
+    }
+    (Ok(data.len()), buf)
+}
+
+/// `read_into` for a vectored buffer: fills its first slice.
+async fn readv_into<T: IoVecBufMut>(pipe: &Shared, mut buf: T) -> BufResult<usize, T> {
+    // SAFETY: `buf` outlives `raw`, which points into its first slice only.
+    let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
+        return (Ok(0), buf);
+    };
+    let (res, _) = read_into(pipe, raw).await;
+    if let Ok(n) = res {
+        // SAFETY: `n` bytes were written at the start of the first slice.
+        unsafe { buf.set_init(n) };
+    }
+    (res, buf)
+}
+
 impl AsyncReadRent for VirtualConn {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        self.read_into(buf).await
+        read_into(&self.to_proxy, buf).await
     }
 
-    async fn readv<T: IoVecBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
-        // SAFETY: `buf` outlives `raw`, which points into its first slice only.
-        let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
-            return (Ok(0), buf);
-        };
-        let (res, _) = self.read_into(raw).await;
-        if let Ok(n) = res {
-            // SAFETY: `n` bytes were written at the start of the first slice.
-            unsafe { buf.set_init(n) };
-        }
-        (res, buf)
+    async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        readv_into(&self.to_proxy, buf).await
+    }
+}
+
+/// The request direction of a [`VirtualConn`], apart from it (see [`VirtualConn::reader`]).
+/// Dropping it closes nothing: the connection's own drop does.
+#[derive(Debug)]
+pub struct VirtualReader {
+    to_proxy: Shared,
+}
+
+impl AsyncReadRent for VirtualReader {
+    async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        read_into(&self.to_proxy, buf).await
+    }
+
+    async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        readv_into(&self.to_proxy, buf).await
     }
 }
 

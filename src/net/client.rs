@@ -72,6 +72,15 @@ impl ClientStream {
         }
     }
 
+    /// A second reader of a virtual connection (HTTP/2 stream), to stream its request body
+    /// while the response is written; `None` for sockets.
+    pub fn virtual_reader(&self) -> Option<crate::h2::bridge::VirtualReader> {
+        match self {
+            ClientStream::Virtual(v) => Some(v.reader()),
+            _ => None,
+        }
+    }
+
     /// Splits into halves usable at once; `None` for a virtual connection (HTTP/2 streams
     /// are never tunnelled).
     pub fn into_split(self) -> Option<(ReadHalf, WriteHalf)> {

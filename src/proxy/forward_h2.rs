@@ -7,20 +7,23 @@
 //! avoids endpoints tried, retries by the same policy and budget (a refused stream is
 //! retried like a reset), passive health and the breaker fed with each outcome.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::RecvStream;
+use monoio::io::AsyncReadRent;
 
 use super::forward::{
     backoff, fail, forwarding, log_upstream, record, rewrite_target, upstream_host, BodyPlan,
     Retry, RetrySlot, Ticket,
 };
-use super::io::{read_by, write_all_by};
+use super::io::{race, read_by, write_all_by, Either};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
+use crate::h2::bridge::VirtualReader;
 use crate::http1::encode::{put_field, put_status_line, put_u64};
 use crate::http1::{
     filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
@@ -144,11 +147,14 @@ async fn send_all(
     Ok(())
 }
 
-/// Streams the client's request body (after the head, in `conn.rbuf`) into `send`.
-async fn pump_body(
+/// Streams the client's request body (after the head, in `rbuf`, then from `stream`) into
+/// `send`.
+#[allow(clippy::too_many_arguments)]
+async fn pump_body<S: AsyncReadRent>(
     w: &Worker,
     cg: &CoreGen,
-    conn: &mut ClientConn,
+    stream: &mut S,
+    rbuf: &mut Option<Block>,
     framing: BodyFraming,
     max_body: Option<u64>,
     send: &mut h2::SendStream<Bytes>,
@@ -167,7 +173,7 @@ async fn pump_body(
         if done {
             return send_all(send, Bytes::new(), true).await;
         }
-        let Some(mut buf) = conn.rbuf.take() else {
+        let Some(mut buf) = rbuf.take() else {
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
         };
         if buf.is_empty() {
@@ -176,17 +182,17 @@ async fn pump_body(
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
             let deadline = w.now() + cg.gen.http.body_timeout;
-            let (res, b) = read_by(&mut conn.stream, buf, deadline, &w.pool).await;
+            let (res, b) = read_by(stream, buf, deadline, &w.pool).await;
             buf = b;
             match res {
                 Ok(0) => {
-                    conn.rbuf = Some(buf);
+                    *rbuf = Some(buf);
                     return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream)
                         .with_cause("client closed before the end of the request body"));
                 }
                 Ok(n) => add(&w.metrics().bytes_in, n as u64),
                 Err(e) => {
-                    conn.rbuf = Some(buf);
+                    *rbuf = Some(buf);
                     return Err(if e.kind() == std::io::ErrorKind::TimedOut {
                         Error::new(ErrorKind::RequestTimeout, Side::Downstream).with_cause(e)
                     } else {
@@ -199,7 +205,7 @@ async fn pump_body(
             match filter_in_place(&mut decoder, buf.data_mut(), Keep::DataOnly) {
                 Ok(r) => r,
                 Err(e) => {
-                    conn.rbuf = Some(buf);
+                    *rbuf = Some(buf);
                     return Err(Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(e));
                 }
             }
@@ -209,17 +215,43 @@ async fn pump_body(
             (n, n)
         };
         if max_body.is_some_and(|max| decoder.data_total() > max) {
-            conn.rbuf = Some(buf);
+            *rbuf = Some(buf);
             return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
         }
         let data = Bytes::copy_from_slice(&buf.data()[..kept]);
         buf.consume(consumed);
         w.head_block(&mut buf);
-        conn.rbuf = Some(buf);
+        *rbuf = Some(buf);
         if !data.is_empty() {
             send_all(send, data, false).await?;
         }
     }
+}
+
+/// A request body streamed up while the response is already coming down: it owns what it
+/// needs (a second reader of the HTTP/2 client's stream, the read buffer, the upstream send
+/// half), so it can run on beside the relay. A client-side failure resets the upstream stream;
+/// gives back the read buffer.
+type DuplexPump<'a> = Pin<Box<dyn Future<Output = (Result<(), Error>, Option<Block>)> + 'a>>;
+
+fn duplex_pump<'a>(
+    w: &'a Worker,
+    cg: &'a CoreGen,
+    mut reader: VirtualReader,
+    mut rbuf: Option<Block>,
+    framing: BodyFraming,
+    max_body: Option<u64>,
+    mut send: h2::SendStream<Bytes>,
+) -> DuplexPump<'a> {
+    Box::pin(async move {
+        let r = pump_body(w, cg, &mut reader, &mut rbuf, framing, max_body, &mut send).await;
+        if let Err(e) = &r {
+            if e.side() != Side::Upstream {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+        }
+        (r, rbuf)
+    })
 }
 
 /// Why an attempt ended without a response to relay.
@@ -255,7 +287,10 @@ pub(super) async fn proxy(
     let mut tried = Tried::default();
     let mut attempts = 0u32;
     let mut retry_slot: Option<RetrySlot<'_>> = None;
+    // The rest of a request body still streaming up when the response head came.
+    let mut duplex_rest: Option<DuplexPump<'_>>;
     let (ticket, inflight, resp, _stream_slot) = loop {
+        duplex_rest = None;
         attempts += 1;
         let ticket = Ticket {
             breaker: &up.shared.breaker,
@@ -350,29 +385,69 @@ pub(super) async fn proxy(
                 let d = (w.now() + plan.try_timeout).min(plan.total_deadline);
                 plan.grpc_deadline.map_or(d, |g| d.min(g))
             };
-            let sent = match &body {
-                BodyPlan::None => Ok(()),
-                BodyPlan::Buffered(b) => {
-                    send_all(&mut stream, Bytes::copy_from_slice(b), true).await
-                }
-                BodyPlan::Streamed => {
-                    conn.consume_head(head_len);
-                    body_touched = true;
-                    let r = pump_body(w, cg, conn, info.framing, plan.max_body, &mut stream).await;
-                    body_read = r.is_ok();
-                    r
-                }
+            let head =
+                monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
+            let duplex = match body {
+                BodyPlan::Streamed => conn.stream.virtual_reader(),
+                _ => None,
             };
-            if let Err(e) = sent {
-                if e.side() != Side::Upstream {
-                    stream.send_reset(h2::Reason::CANCEL);
-                    break 'attempt Attempt::Client(e);
+            let resp = if let Some(reader) = duplex {
+                // An HTTP/2 client's body streams up while the response may already stream
+                // down (gRPC bidirectional calls need both at once).
+                conn.consume_head(head_len);
+                body_touched = true;
+                let rbuf = conn.rbuf.take();
+                let mut pump =
+                    duplex_pump(w, cg, reader, rbuf, info.framing, plan.max_body, stream);
+                let mut head = std::pin::pin!(head);
+                match race(pump.as_mut(), head.as_mut()).await {
+                    Either::Left((r, rbuf)) => {
+                        conn.rbuf = rbuf;
+                        body_read = r.is_ok();
+                        if let Err(e) = r {
+                            if e.side() != Side::Upstream {
+                                break 'attempt Attempt::Client(e);
+                            }
+                        }
+                        head.await
+                    }
+                    Either::Right(resp) => {
+                        duplex_rest = Some(pump);
+                        resp
+                    }
                 }
-                // The upstream stopped taking the body: it may have answered already.
-            }
-            let resp =
-                monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp)
-                    .await;
+            } else {
+                let sent = match &body {
+                    BodyPlan::None => Ok(()),
+                    BodyPlan::Buffered(b) => {
+                        send_all(&mut stream, Bytes::copy_from_slice(b), true).await
+                    }
+                    BodyPlan::Streamed => {
+                        conn.consume_head(head_len);
+                        body_touched = true;
+                        let r = pump_body(
+                            w,
+                            cg,
+                            &mut conn.stream,
+                            &mut conn.rbuf,
+                            info.framing,
+                            plan.max_body,
+                            &mut stream,
+                        )
+                        .await;
+                        body_read = r.is_ok();
+                        r
+                    }
+                };
+                if let Err(e) = sent {
+                    if e.side() != Side::Upstream {
+                        stream.send_reset(h2::Reason::CANCEL);
+                        break 'attempt Attempt::Client(e);
+                    }
+                    // The upstream stopped taking the body: it may have answered already.
+                }
+                head.await
+            };
             match resp {
                 Err(_) => Attempt::Failed(
                     Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
@@ -425,7 +500,23 @@ pub(super) async fn proxy(
     drop(retry_slot);
     let ep = inflight.endpoint().clone();
     let status = resp.status().as_u16();
-    let (keep, upstream_failure) = relay(w, cg, conn, info, resp, body_read, &plan).await;
+    let (keep, upstream_failure) = match duplex_rest {
+        None => relay(w, cg, conn, info, resp, body_read, &plan).await,
+        Some(mut pump) => {
+            // The body goes on streaming up beside the relay, and is abandoned (its stream
+            // reset) if the response completes first. The connection (one HTTP/2 stream)
+            // closes after.
+            let mut relay = std::pin::pin!(relay(w, cg, conn, info, resp, false, &plan));
+            let mut pumping = true;
+            poll_fn(|cx| {
+                if pumping && pump.as_mut().poll(cx).is_ready() {
+                    pumping = false;
+                }
+                relay.as_mut().poll(cx)
+            })
+            .await
+        }
+    };
     drop(inflight);
     let outcome = if status >= 500 {
         Err(FailureClass::Status5xx)

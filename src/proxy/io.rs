@@ -92,7 +92,7 @@ pub enum Either<A, B> {
 
 /// Polls both futures, first `a`, and returns the output of the one that finishes first. Both
 /// stay usable (they are borrowed): the caller may go on awaiting the other.
-pub async fn race<A: Future, B: Future>(
+pub async fn race<A: Future + ?Sized, B: Future + ?Sized>(
     mut a: Pin<&mut A>,
     mut b: Pin<&mut B>,
 ) -> Either<A::Output, B::Output> {

@@ -701,6 +701,11 @@ async fn discard_body(
 /// response written last is not lost to a reset.
 async fn linger_close(w: &Worker, mut conn: ClientConn) {
     let _ = conn.stream.shutdown().await;
+    if matches!(conn.stream, ClientStream::Virtual(_)) {
+        // An HTTP/2 stream has no kernel reset to guard against; its request side ends with
+        // the stream.
+        return;
+    }
     let deadline = w.now() + LINGER_TIME;
     let mut buf = conn.rbuf.take().unwrap_or_else(|| w.pool.take());
     let mut total = 0;
