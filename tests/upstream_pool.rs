@@ -65,20 +65,25 @@ fn a_stale_pooled_connection_is_not_used_for_a_request_with_a_body() {
 
 #[test]
 fn an_idempotent_request_on_a_stale_connection_is_replayed_once() {
-    let (addr, conns, seen) = closing_origin(Duration::from_millis(20));
-    let proxy = Proxy::to(addr, "workers = 1\n");
-    let mut c = proxy.connect();
-    for i in 0..5 {
-        let r = c.get(&format!("/req{i}"));
-        assert_eq!(r.status, 200, "request {i}: {}", r.text());
-        std::thread::sleep(Duration::from_millis(100));
+    // Idle 100 ms: the pooled connection is checked and found closed. Idle 0 ms (under
+    // `UNCHECKED_IDLE`): it is used unchecked, fails before any response byte, and the
+    // request goes once more on a new connection.
+    for (linger, idle) in [(20, 100), (0, 0), (30, 0)] {
+        let (addr, conns, seen) = closing_origin(Duration::from_millis(linger));
+        let proxy = Proxy::to(addr, "workers = 1\n");
+        let mut c = proxy.connect();
+        for i in 0..5 {
+            let r = c.get(&format!("/req{i}"));
+            assert_eq!(r.status, 200, "request {i}: {}", r.text());
+            std::thread::sleep(Duration::from_millis(idle));
+        }
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            5,
+            "each request reached the origin once (linger {linger}, idle {idle})"
+        );
+        assert_eq!(conns.load(Ordering::SeqCst), 5);
     }
-    assert_eq!(
-        seen.lock().unwrap().len(),
-        5,
-        "each request reached the origin once"
-    );
-    assert_eq!(conns.load(Ordering::SeqCst), 5);
 }
 
 #[test]
@@ -167,6 +172,7 @@ fn pools_are_per_endpoint_and_reused_round_robin() {
     assert_eq!(b.connection_count(), 1);
 }
 
+/// A connection idle for `UNCHECKED_IDLE` (10 ms) or more is checked before reuse.
 #[test]
 fn late_stray_bytes_on_an_idle_connection_never_answer_the_next_request() {
     let c2 = Arc::new(AtomicUsize::new(0));

@@ -291,6 +291,13 @@ pub(super) fn record(
         .record(&up.cfg.breaker, ticket.admit, outcome.is_ok(), now_ms);
 }
 
+/// Whether a request may be sent once more on a new connection after a pooled one turned out
+/// closed before any response byte: idempotent (RFC 9110 §9.2.2), and no body streamed from
+/// the client (it cannot be read twice).
+fn resendable(info: &ReqInfo, body: &BodyPlan) -> bool {
+    info.method.is_idempotent() && !matches!(body, BodyPlan::Streamed)
+}
+
 /// Why no connection was had for an attempt.
 enum AcquireFail {
     /// No endpoint in rotation.
@@ -307,6 +314,7 @@ async fn acquire(
     w: &Worker,
     up: &UpstreamRt,
     key: Option<u64>,
+    replayable: bool,
     tried: &mut Tried,
 ) -> Result<(InFlight, UpConn), AcquireFail> {
     let mut pending: Option<(Pending<'_>, Instant)> = None;
@@ -314,7 +322,7 @@ async fn acquire(
         match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
             Ok(ep) => {
                 let inflight = ep.begin(w.id);
-                match up.connect(&ep, false, w.now()).await {
+                match up.connect(&ep, false, replayable, w.now()).await {
                     Ok(c) => {
                         tried.add(&ep);
                         return Ok((inflight, c));
@@ -516,7 +524,8 @@ pub(super) async fn proxy(
         };
 
         let started = Instant::now();
-        let (inflight, upc) = match acquire(w, up, key, &mut tried).await {
+        let replayable = resendable(info, &body);
+        let (inflight, upc) = match acquire(w, up, key, replayable, &mut tried).await {
             Ok(x) => x,
             Err(AcquireFail::NoEndpoints) => {
                 conn.consume_head(head_len);
@@ -769,7 +778,7 @@ async fn exchange(
 ) -> Exchange {
     let head_len = conn.head.len;
     let mut fresh = !upc.is_reused();
-    let resend_ok = info.method.is_idempotent() && !matches!(body, BodyPlan::Streamed);
+    let resend_ok = resendable(info, body);
     loop {
         let mut ubuf = w.pool.take();
         if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {
@@ -809,7 +818,7 @@ async fn exchange(
             let err = Error::upstream_io(e);
             if !fresh && resend_ok && err.kind().retryable(true) {
                 tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; sending again on a new one");
-                match up.connect(inflight.endpoint(), true, w.now()).await {
+                match up.connect(inflight.endpoint(), true, false, w.now()).await {
                     Ok(c) => {
                         upc = c;
                         fresh = true;
@@ -858,7 +867,7 @@ async fn exchange(
             Err(HeadError { error, got_bytes }) => {
                 if !fresh && resend_ok && !got_bytes && error.kind().retryable(true) {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
-                    if let Ok(c) = up.connect(inflight.endpoint(), true, w.now()).await {
+                    if let Ok(c) = up.connect(inflight.endpoint(), true, false, w.now()).await {
                         upc = c;
                         fresh = true;
                         continue;

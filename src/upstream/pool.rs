@@ -128,11 +128,13 @@ impl IdlePool {
         self.idle.is_empty()
     }
 
-    /// The most recently used connection that has not outlived `idle_timeout`.
-    pub fn pop(&mut self, now: Instant, idle_timeout: Duration) -> Option<UpConn> {
+    /// The most recently used connection that has not outlived `idle_timeout`, and how long
+    /// it was idle.
+    pub fn pop(&mut self, now: Instant, idle_timeout: Duration) -> Option<(UpConn, Duration)> {
         while let Some((conn, since)) = self.idle.pop_back() {
-            if now.saturating_duration_since(since) < idle_timeout {
-                return Some(conn);
+            let idle = now.saturating_duration_since(since);
+            if idle < idle_timeout {
+                return Some((conn, idle));
             }
             // Older ones are older still: drop them all.
             self.idle.clear();
