@@ -261,6 +261,18 @@ impl StreamEnd {
         true
     }
 
+    /// Makes `data` the first bytes toward the proxy, without copying them (they are appended
+    /// when the pipe holds bytes already).
+    pub fn put_first(&self, data: BytesMut) {
+        let mut p = self.to_proxy.borrow_mut();
+        if p.data.is_empty() {
+            p.data = data;
+        } else {
+            p.data.extend_from_slice(&data);
+        }
+        p.wake_reader();
+    }
+
     /// Ends the request stream (end of stream for the proxy's reader).
     pub fn close_write(&self) {
         let mut p = self.to_proxy.borrow_mut();

@@ -169,10 +169,10 @@ fn local_error(
 }
 
 /// Writes the HTTP/1.1 head of an HTTP/2 request. `chunked`: the body length is unknown.
-fn h1_head(parts: &http::request::Parts, chunked: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + parts.headers.len() * 32);
+fn h1_head(parts: &http::request::Parts, chunked: bool) -> BytesMut {
+    let mut out = BytesMut::with_capacity(256 + parts.headers.len() * 32);
     out.extend_from_slice(parts.method.as_str().as_bytes());
-    out.push(b' ');
+    out.extend_from_slice(b" ");
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(if target.is_empty() {
         b"/"
@@ -248,13 +248,10 @@ async fn stream(
     let head_request = parts.method == http::Method::HEAD;
     let chunked =
         !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-    let head = h1_head(&parts, chunked);
     let (vconn, end) = bridge::pair(info.sni.clone(), info.tls);
-    // The request head fits the pipe's first write without waiting (the proxy side is not
-    // running yet): HTTP/2 bounds header lists well below a pipe's size.
-    if !end.write_all(&head).await {
-        return;
-    }
+    // The request head becomes the pipe's first bytes as it is (the proxy side is not running
+    // yet; HTTP/2 bounds header lists).
+    end.put_first(h1_head(&parts, chunked));
     // One task runs the proxy side and both directions of the stream: one allocation per
     // stream, not two.
     let proxy = crate::proxy::serve_virtual(w.clone(), vconn, info.peer, info.strict_sni);
@@ -346,17 +343,12 @@ async fn relay_response(
             }
         }
     };
-    let mut builder = http::Response::builder().status(rh.status);
-    for h in &rh.headers {
-        if h.hop || h.kind == crate::http1::HeaderKind::TransferEncoding {
-            continue;
-        }
-        builder = builder.header(h.name.get(&buf), h.value.get(&buf));
-    }
-    let Ok(resp) = builder.body(()) else {
+    let head = buf.split_to(head_len).freeze();
+    let Some(resp) = h2_response(&rh, &head) else {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     };
+    drop(head);
     let no_body = matches!(rh.framing, BodyFraming::None);
     let Ok(mut send) = respond.send_response(resp, no_body) else {
         return;
@@ -364,7 +356,6 @@ async fn relay_response(
     if no_body {
         return;
     }
-    buf.advance(head_len);
     let mut remaining = match rh.framing {
         BodyFraming::Length(n) => n,
         _ => u64::MAX,
@@ -421,6 +412,37 @@ async fn relay_response(
             }
         }
     }
+}
+
+/// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes): the
+/// values share `head` rather than being copied one by one, connection-specific fields are
+/// left out, and the request id is never indexed by HPACK (unique per response, it would
+/// only churn the connection's header table). `None` for a field HTTP/2 cannot carry.
+fn h2_response(rh: &ResponseHead, head: &Bytes) -> Option<http::Response<()>> {
+    use crate::http1::HeaderKind;
+    let mut resp = http::Response::new(());
+    *resp.status_mut() = http::StatusCode::from_u16(rh.status).ok()?;
+    let map = resp.headers_mut();
+    map.reserve(rh.headers.len());
+    for h in &rh.headers {
+        if h.hop || h.kind == HeaderKind::TransferEncoding {
+            continue;
+        }
+        let start = h.value.start as usize;
+        let end = start + h.value.len as usize;
+        if end > head.len() {
+            return None;
+        }
+        let mut value = http::HeaderValue::from_maybe_shared(head.slice(start..end)).ok()?;
+        let name = if h.kind == HeaderKind::XRequestId {
+            value.set_sensitive(true);
+            http::HeaderName::from_static("x-request-id")
+        } else {
+            http::HeaderName::from_bytes(h.name.get(head)).ok()?
+        };
+        map.append(name, value);
+    }
+    Some(resp)
 }
 
 /// Decodes the chunked bytes at the front of `buf`: returns the chunk data, keeps trailer
@@ -485,4 +507,41 @@ async fn send_data(send: &mut h2::SendStream<Bytes>, mut data: Bytes) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(raw: &[u8]) -> http::Response<()> {
+        let mut rh = ResponseHead::default();
+        let len = parse_response(raw, MAX_HEADERS_HARD_LIMIT, Method::Get, &mut rh)
+            .unwrap()
+            .unwrap();
+        let head = Bytes::copy_from_slice(&raw[..len]);
+        h2_response(&rh, &head).expect("convertible")
+    }
+
+    #[test]
+    fn response_heads_keep_end_to_end_fields_only() {
+        let resp = response(
+            b"HTTP/1.1 203 Fine\r\nContent-Type: text/plain\r\nConnection: close, X-Drop\r\n\
+              Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\n\
+              Set-Cookie: b=2\r\nX-Request-Id: abc\r\nX-Drop: 1\r\n\r\n",
+        );
+        assert_eq!(resp.status(), 203);
+        let h = resp.headers();
+        assert_eq!(h["content-type"], "text/plain");
+        let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        for gone in ["connection", "keep-alive", "transfer-encoding", "x-drop"] {
+            assert!(!h.contains_key(gone), "{gone} is connection-specific");
+        }
+        assert_eq!(h["x-request-id"], "abc");
+        assert!(
+            h["x-request-id"].is_sensitive(),
+            "the request id is never indexed"
+        );
+        assert!(!h["content-type"].is_sensitive());
+    }
 }
