@@ -161,7 +161,10 @@ fn local_error(
         .header("content-length", body.len())
         .header("x-request-id", rid.as_str())
         .body(());
-    if let Ok(resp) = resp {
+    if let Ok(mut resp) = resp {
+        if let Some(v) = resp.headers_mut().get_mut("x-request-id") {
+            v.set_sensitive(true);
+        }
         if let Ok(mut send) = respond.send_response(resp, false) {
             let _ = send.send_data(Bytes::from(body), true);
         }

@@ -107,15 +107,20 @@ fn build_request(
     }
     let peer = conn.peer_text.as_str();
     xff.push_str(peer);
-    b = b
-        .header("x-forwarded-for", xff)
-        .header("x-real-ip", peer)
-        .header("x-request-id", info.rid.as_str());
+    b = b.header("x-forwarded-for", xff).header("x-real-ip", peer);
     if let Some(proto) = forwarded_proto {
         b = b.header("x-forwarded-proto", proto);
     }
-    b.body(())
-        .map_err(|_| bad("request not representable in HTTP/2"))
+    let mut req = b
+        .body(())
+        .map_err(|_| bad("request not representable in HTTP/2"))?;
+    // Unique per request: never indexed, or it would churn the connection's HPACK table.
+    let mut rid = http::HeaderValue::from_str(info.rid.as_str())
+        .map_err(|_| bad("request id not representable"))?;
+    rid.set_sensitive(true);
+    req.headers_mut()
+        .insert(http::HeaderName::from_static("x-request-id"), rid);
+    Ok(req)
 }
 
 /// Sends `data` as the stream's window allows.
