@@ -473,8 +473,13 @@ pub(super) async fn proxy(
             max_body,
             grpc_deadline: info.grpc_deadline,
         };
-        return super::forward_h2::proxy(w, cg, conn, info, route, action, &params, up, body, plan)
-            .await;
+        // Boxed: an HTTP/2 exchange's future is larger than an HTTP/1.1 one's, and held
+        // inline it would make every request's future that large (moved and zeroed per
+        // request).
+        return Box::pin(super::forward_h2::proxy(
+            w, cg, conn, info, route, action, &params, up, body, plan,
+        ))
+        .await;
     }
     let mut bstate = BodyState {
         touched: false,

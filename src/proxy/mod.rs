@@ -168,7 +168,9 @@ pub async fn serve_connection(
             match TlsStream::accept(stream, t.config.clone(), t.handshake_timeout).await {
                 Ok(s) if s.alpn() == Some(crate::h2::ALPN_H2) => {
                     add(&w.metrics().tls_handshakes, 1);
-                    serve_h2_tls(w.clone(), s, peer, strict_sni).await;
+                    // Boxed, like the other protocol switches below: kept out of the
+                    // future of every HTTP/1.1 connection.
+                    Box::pin(serve_h2_tls(w.clone(), s, peer, strict_sni)).await;
                     return;
                 }
                 Ok(s) => {
@@ -253,7 +255,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
                     tls: false,
                     strict_sni: false,
                 };
-                crate::h2::serve(w, io, info).await;
+                Box::pin(crate::h2::serve(w, io, info)).await;
                 return;
             }
             HeadRead::Rejected(kind) => {
@@ -272,7 +274,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
             let idle = w.gen().http.tunnel_idle_timeout;
             let ClientConn { stream, rbuf, .. } = conn;
             let pending = rbuf.filter(|b| !b.is_empty());
-            tunnel::run(&w, stream, pending, t, idle).await;
+            Box::pin(tunnel::run(&w, stream, pending, t, idle)).await;
             return;
         }
         if !keep || w.draining() {
