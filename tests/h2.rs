@@ -416,3 +416,28 @@ fn h2_over_tls_by_alpn_with_421() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn an_idle_connection_gets_goaway_after_the_idle_timeout_but_a_busy_one_does_not() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "[http]\nidle_timeout = \"1s\"\n");
+    rt().block_on(async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (mut idle, conn) = h2::client::handshake(tcp).await.unwrap();
+        let idle_conn = tokio::spawn(conn);
+        let (status, _, _) = request(&mut idle, "GET", "http://x/", None).await;
+        assert_eq!(status, 200);
+
+        // A connection with a request every 300 ms stays open past the timeout.
+        let mut busy = h2c(proxy.addr).await;
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(3500) {
+            let (status, _, _) = request(&mut busy, "GET", "http://x/", None).await;
+            assert_eq!(status, 200, "the busy connection is still served");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        // The idle one was closed by then (GOAWAY, then the close).
+        let ended = tokio::time::timeout(Duration::from_millis(500), idle_conn).await;
+        assert!(ended.is_ok(), "the idle connection is still open");
+    });
+}

@@ -18,7 +18,7 @@ use std::io;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::BufResult;
@@ -56,19 +56,43 @@ impl Pipe {
         Poll::Ready(Some(n))
     }
 
-    /// Takes up to `max` bytes; `Ready(None)` at end of stream; `Pending` when empty.
-    fn pull(&mut self, max: usize, cx: &mut Context<'_>) -> Poll<Option<BytesMut>> {
+    /// `Ready(true)` when bytes are held, `Ready(false)` at end of stream, `Pending` (with the
+    /// waker kept) when empty.
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
         if !self.data.is_empty() {
-            let n = max.max(1).min(self.data.len());
-            let out = self.data.split_to(n);
-            self.wake_writer();
-            return Poll::Ready(Some(out));
+            return Poll::Ready(true);
         }
         if self.writer_closed {
-            return Poll::Ready(None);
+            return Poll::Ready(false);
         }
         self.read_waker = Some(cx.waker().clone());
         Poll::Pending
+    }
+
+    /// Copies up to `dst.len()` held bytes into `dst` and drops them from the pipe (its
+    /// buffer stays, for the next bytes: no allocation per transfer).
+    fn copy_out(&mut self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.data.len());
+        dst[..n].copy_from_slice(&self.data[..n]);
+        if n == self.data.len() {
+            self.data.clear();
+        } else {
+            self.data.advance(n);
+        }
+        self.wake_writer();
+        n
+    }
+
+    /// Moves every held byte to the end of `dst`: the buffers trade places when `dst` is
+    /// empty (no copy, no allocation).
+    fn move_out(&mut self, dst: &mut BytesMut) {
+        if dst.is_empty() {
+            std::mem::swap(dst, &mut self.data);
+        } else {
+            dst.extend_from_slice(&self.data);
+        }
+        self.data.clear();
+        self.wake_writer();
     }
 
     fn wake_reader(&mut self) {
@@ -84,31 +108,32 @@ impl Pipe {
     }
 }
 
-type Shared = Rc<RefCell<Pipe>>;
+/// Both directions, in one allocation.
+#[derive(Debug, Default)]
+struct Pipes {
+    to_proxy: RefCell<Pipe>,
+    from_proxy: RefCell<Pipe>,
+}
+
+type Shared = Rc<Pipes>;
 
 /// Creates the two ends: the proxy's virtual connection and the HTTP/2 stream's end.
 pub fn pair(sni: Option<Rc<str>>, tls: bool) -> (VirtualConn, StreamEnd) {
-    let to_proxy: Shared = Rc::default();
-    let from_proxy: Shared = Rc::default();
+    let pipes: Shared = Rc::default();
     (
         VirtualConn {
-            to_proxy: to_proxy.clone(),
-            from_proxy: from_proxy.clone(),
+            pipes: pipes.clone(),
             sni,
             tls,
         },
-        StreamEnd {
-            to_proxy,
-            from_proxy,
-        },
+        StreamEnd { pipes },
     )
 }
 
 /// The proxy's side: reads the request, writes the response.
 #[derive(Debug)]
 pub struct VirtualConn {
-    to_proxy: Shared,
-    from_proxy: Shared,
+    pipes: Shared,
     sni: Option<Rc<str>>,
     tls: bool,
 }
@@ -129,19 +154,19 @@ impl VirtualConn {
     /// bidirectional calls). It reads the same bytes: one of the two reads at a time.
     pub fn reader(&self) -> VirtualReader {
         VirtualReader {
-            to_proxy: self.to_proxy.clone(),
+            pipes: self.pipes.clone(),
         }
     }
 
     async fn write_from<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         // SAFETY: IoBuf's contract: `bytes_init` initialized bytes at `read_ptr`.
         let data = unsafe { std::slice::from_raw_parts(buf.read_ptr(), buf.bytes_init()) };
-        let n = poll_fn(|cx| self.from_proxy.borrow_mut().push(data, cx)).await;
+        let n = poll_fn(|cx| self.pipes.from_proxy.borrow_mut().push(data, cx)).await;
         (n.ok_or_else(|| io::ErrorKind::BrokenPipe.into()), buf)
     }
 
     fn close_write(&self) {
-        let mut p = self.from_proxy.borrow_mut();
+        let mut p = self.pipes.from_proxy.borrow_mut();
         p.writer_closed = true;
         p.wake_reader();
     }
@@ -150,38 +175,40 @@ impl VirtualConn {
 impl Drop for VirtualConn {
     fn drop(&mut self) {
         self.close_write();
-        let mut p = self.to_proxy.borrow_mut();
+        let mut p = self.pipes.to_proxy.borrow_mut();
         p.reader_closed = true;
         p.wake_writer();
     }
 }
 
 /// Reads request bytes from the pipe into `buf`; `Ok(0)` at end of stream.
-async fn read_into<T: IoBufMut>(pipe: &Shared, mut buf: T) -> BufResult<usize, T> {
+async fn read_into<T: IoBufMut>(pipes: &Shared, mut buf: T) -> BufResult<usize, T> {
     let want = buf.bytes_total();
     if want == 0 {
         return (Ok(0), buf);
     }
-    let Some(data) = poll_fn(|cx| pipe.borrow_mut().pull(want, cx)).await else {
+    if !poll_fn(|cx| pipes.to_proxy.borrow_mut().poll_data(cx)).await {
         return (Ok(0), buf);
-    };
-    // SAFETY: `data.len() <= bytes_total` writable bytes at `write_ptr`; the source is the
-    // pipe's initialized data; they do not overlap.
-    unsafe {
-        buf.write_ptr()
-            .copy_from_nonoverlapping(data.as_ptr(), data.len());
-        buf.set_init(data.len());
     }
-    (Ok(data.len()), buf)
+    // SAFETY: `bytes_total` bytes are writable at `write_ptr` (`IoBufMut`'s contract); the
+    // slice is written (by `copy_out`) before it is marked initialized, and it does not
+    // overlap the pipe's buffer.
+    let n = unsafe {
+        let dst = std::slice::from_raw_parts_mut(buf.write_ptr(), want);
+        let n = pipes.to_proxy.borrow_mut().copy_out(dst);
+        buf.set_init(n);
+        n
+    };
+    (Ok(n), buf)
 }
 
 /// `read_into` for a vectored buffer: fills its first slice.
-async fn readv_into<T: IoVecBufMut>(pipe: &Shared, mut buf: T) -> BufResult<usize, T> {
+async fn readv_into<T: IoVecBufMut>(pipes: &Shared, mut buf: T) -> BufResult<usize, T> {
     // SAFETY: `buf` outlives `raw`, which points into its first slice only.
     let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
         return (Ok(0), buf);
     };
-    let (res, _) = read_into(pipe, raw).await;
+    let (res, _) = read_into(pipes, raw).await;
     if let Ok(n) = res {
         // SAFETY: `n` bytes were written at the start of the first slice.
         unsafe { buf.set_init(n) };
@@ -191,11 +218,11 @@ async fn readv_into<T: IoVecBufMut>(pipe: &Shared, mut buf: T) -> BufResult<usiz
 
 impl AsyncReadRent for VirtualConn {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        read_into(&self.to_proxy, buf).await
+        read_into(&self.pipes, buf).await
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        readv_into(&self.to_proxy, buf).await
+        readv_into(&self.pipes, buf).await
     }
 }
 
@@ -203,16 +230,16 @@ impl AsyncReadRent for VirtualConn {
 /// Dropping it closes nothing: the connection's own drop does.
 #[derive(Debug)]
 pub struct VirtualReader {
-    to_proxy: Shared,
+    pipes: Shared,
 }
 
 impl AsyncReadRent for VirtualReader {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        read_into(&self.to_proxy, buf).await
+        read_into(&self.pipes, buf).await
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        readv_into(&self.to_proxy, buf).await
+        readv_into(&self.pipes, buf).await
     }
 }
 
@@ -243,8 +270,7 @@ impl AsyncWriteRent for VirtualConn {
 /// The HTTP/2 stream's side: writes the request, reads the response.
 #[derive(Debug)]
 pub struct StreamEnd {
-    to_proxy: Shared,
-    from_proxy: Shared,
+    pipes: Shared,
 }
 
 impl StreamEnd {
@@ -252,7 +278,7 @@ impl StreamEnd {
     /// gone.
     pub async fn write_all(&self, mut data: &[u8]) -> bool {
         while !data.is_empty() {
-            let n = poll_fn(|cx| self.to_proxy.borrow_mut().push(data, cx)).await;
+            let n = poll_fn(|cx| self.pipes.to_proxy.borrow_mut().push(data, cx)).await;
             match n {
                 Some(n) => data = &data[n..],
                 None => return false,
@@ -264,7 +290,7 @@ impl StreamEnd {
     /// Makes `data` the first bytes toward the proxy, without copying them (they are appended
     /// when the pipe holds bytes already).
     pub fn put_first(&self, data: BytesMut) {
-        let mut p = self.to_proxy.borrow_mut();
+        let mut p = self.pipes.to_proxy.borrow_mut();
         if p.data.is_empty() {
             p.data = data;
         } else {
@@ -275,23 +301,27 @@ impl StreamEnd {
 
     /// Ends the request stream (end of stream for the proxy's reader).
     pub fn close_write(&self) {
-        let mut p = self.to_proxy.borrow_mut();
+        let mut p = self.pipes.to_proxy.borrow_mut();
         p.writer_closed = true;
         p.wake_reader();
     }
 
-    /// Up to `max` response bytes from the proxy; `None` at end of stream.
-    pub async fn read(&self, max: usize) -> Option<Bytes> {
-        poll_fn(|cx| self.from_proxy.borrow_mut().pull(max, cx))
-            .await
-            .map(BytesMut::freeze)
+    /// Appends the response bytes the proxy wrote to `dst` (waiting for some); false at end
+    /// of stream.
+    pub async fn read_into(&self, dst: &mut BytesMut) -> bool {
+        let pipe = &self.pipes.from_proxy;
+        if !poll_fn(|cx| pipe.borrow_mut().poll_data(cx)).await {
+            return false;
+        }
+        pipe.borrow_mut().move_out(dst);
+        true
     }
 }
 
 impl Drop for StreamEnd {
     fn drop(&mut self) {
         self.close_write();
-        let mut p = self.from_proxy.borrow_mut();
+        let mut p = self.pipes.from_proxy.borrow_mut();
         p.reader_closed = true;
         p.wake_writer();
     }

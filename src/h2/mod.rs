@@ -23,7 +23,7 @@ use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use h2::server::SendResponse;
@@ -34,7 +34,6 @@ use crate::http1::{
     parse_response, BodyFraming, ChunkedDecoder, Method, ResponseHead, Step, MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
-use crate::worker::event::or_event;
 use crate::worker::Worker;
 
 /// The client connection preface of HTTP/2 (RFC 9113 §3.4).
@@ -45,9 +44,6 @@ pub const ALPN_H2: &[u8] = b"h2";
 
 /// How often an idle connection's state is looked at.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-
-/// Response bytes taken from the proxy at a time.
-const READ_CHUNK: usize = 64 * 1024;
 
 /// Where an HTTP/2 connection came from.
 #[derive(Debug, Clone)]
@@ -93,52 +89,82 @@ where
     let idle_timeout = gen.http.idle_timeout;
     drop(gen);
     let info = Rc::new(info);
-    let active = Rc::new(Cell::new(0usize));
-    let last_active = Rc::new(Cell::new(Instant::now()));
+    let streams = Rc::new(StreamCount::default());
+    // One timer for the connection's life, re-armed when it fires (not one per stream).
+    let mut check = std::pin::pin!(monoio::time::sleep(IDLE_CHECK));
+    let mut shutdown = std::pin::pin!(w.shutdown.wait());
+    let mut shutdown_seen = false;
+    let mut idle_since = w.now();
     let mut closing = false;
     loop {
         if !closing && w.draining() {
             conn.graceful_shutdown();
             closing = true;
         }
-        let next = monoio::time::timeout(IDLE_CHECK, or_event(&w.shutdown, conn.accept())).await;
+        enum Next<T> {
+            Stream(T),
+            Shutdown,
+            Check,
+        }
+        let next = poll_fn(|cx| {
+            if let Poll::Ready(r) = conn.poll_accept(cx) {
+                return Poll::Ready(Next::Stream(r));
+            }
+            if !shutdown_seen && shutdown.as_mut().poll(cx).is_ready() {
+                shutdown_seen = true;
+                return Poll::Ready(Next::Shutdown);
+            }
+            if check.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Next::Check);
+            }
+            Poll::Pending
+        })
+        .await;
         match next {
-            Ok(Some(Some(Ok((req, respond))))) => {
-                active.set(active.get() + 1);
-                last_active.set(Instant::now());
+            Next::Stream(Some(Ok((req, respond)))) => {
+                streams.active.set(streams.active.get() + 1);
                 add(&w.metrics().h2_streams, 1);
-                let guard = StreamGuard {
-                    active: active.clone(),
-                    last_active: last_active.clone(),
-                };
+                let guard = StreamGuard(streams.clone());
                 monoio::spawn(stream(w.clone(), info.clone(), req, respond, guard));
             }
-            Ok(Some(Some(Err(e)))) => {
+            Next::Stream(Some(Err(e))) => {
                 tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 connection error");
                 break;
             }
-            Ok(Some(None)) => break,
-            Ok(None) => {} // shutdown began: GOAWAY at the top of the loop
-            Err(_) => {
-                if !closing && active.get() == 0 && last_active.get().elapsed() >= idle_timeout {
+            Next::Stream(None) => break,
+            Next::Shutdown => {} // GOAWAY at the top of the loop
+            Next::Check => {
+                // Idle: no stream open, and none opened or ended since the last check.
+                let now = w.now();
+                if streams.active.get() > 0 || streams.touched.replace(false) {
+                    idle_since = now;
+                } else if !closing && now.saturating_duration_since(idle_since) >= idle_timeout {
                     conn.graceful_shutdown();
                     closing = true;
                 }
+                check
+                    .as_mut()
+                    .reset(monoio::time::Instant::now() + IDLE_CHECK);
             }
         }
     }
 }
 
-/// Counts a stream in progress; its drop records the end.
-struct StreamGuard {
-    active: Rc<Cell<usize>>,
-    last_active: Rc<Cell<Instant>>,
+/// The streams of one connection: open now, and whether any opened or ended lately.
+#[derive(Default)]
+struct StreamCount {
+    active: Cell<usize>,
+    touched: Cell<bool>,
 }
+
+/// Counts a stream in progress; its drop records the end.
+struct StreamGuard(Rc<StreamCount>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.active.set(self.active.get().saturating_sub(1));
-        self.last_active.set(Instant::now());
+        let c = &self.0;
+        c.active.set(c.active.get().saturating_sub(1));
+        c.touched.set(true);
     }
 }
 
@@ -327,12 +353,11 @@ async fn relay_response(
         Method::Get
     };
     let head_len = loop {
-        let Some(chunk) = end.read(READ_CHUNK).await else {
+        if !end.read_into(&mut buf).await {
             // No response: the client went away (nothing can be sent).
             respond.send_reset(h2::Reason::CANCEL);
             return;
-        };
-        buf.extend_from_slice(&chunk);
+        }
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
                 // 100 Continue (ringway's own answer to Expect): not relayed.
@@ -402,13 +427,13 @@ async fn relay_response(
             }
             return;
         }
-        match end.read(READ_CHUNK).await {
-            Some(chunk) => buf.extend_from_slice(&chunk),
-            None if matches!(rh.framing, BodyFraming::UntilClose) => {
+        match end.read_into(&mut buf).await {
+            true => {}
+            false if matches!(rh.framing, BodyFraming::UntilClose) => {
                 let _ = send.send_data(Bytes::new(), true);
                 return;
             }
-            None => {
+            false => {
                 // Cut short upstream: the client must not take it for complete.
                 send.send_reset(h2::Reason::INTERNAL_ERROR);
                 return;
