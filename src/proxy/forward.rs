@@ -587,8 +587,9 @@ pub(super) async fn proxy(
         let ep = inflight.endpoint().clone();
         match outcome {
             Exchange::Head(upc, ubuf) => {
-                let elapsed = started.elapsed();
-                ep.observe_latency(elapsed, Instant::now());
+                let done = Instant::now();
+                let elapsed = done.saturating_duration_since(started);
+                ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = conn.resp.status;
                 if status >= 500 && may_retry(FailureClass::Status5xx, status, !bstate.touched) {

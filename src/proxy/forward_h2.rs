@@ -465,8 +465,9 @@ pub(super) async fn proxy(
         };
         match outcome {
             Attempt::Response(r, slot) => {
-                let elapsed = started.elapsed();
-                ep.observe_latency(elapsed, Instant::now());
+                let done = Instant::now();
+                let elapsed = done.saturating_duration_since(started);
+                ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = r.status().as_u16();
                 if status >= 500
