@@ -399,10 +399,12 @@ def run_all(args, targets, scenarios, rounds, duration):
             scenario = {"path": "/", "conns": 64, "rate": max(100, int(nginx_rps * 0.15)), "duration": duration}
         else:
             scenario = dict(defs[sc_name], duration=duration)
-        results[sc_name] = {t: [] for t in targets}
+        # The origin speaks cleartext HTTP/1.1 only: no `direct` row for HTTP/2 or TLS.
+        sc_targets = [t for t in targets if not (t == "direct" and (scenario.get("h2") or scenario.get("tls")))]
+        results[sc_name] = {t: [] for t in sc_targets}
         results[sc_name]["_scenario"] = scenario
         for r in range(rounds):
-            for t in targets:
+            for t in sc_targets:
                 fig = run_one(t, port_of(t), scenario, pids(t))
                 results[sc_name][t].append(fig)
                 log(f"{sc_name} round {r + 1} {t}: {fig['rps']:,.0f} req/s p99 {fmt(fig.get('p99'), 'ms')} cpu {fmt(fig.get('cpu_us'))} us/req errors {fig.get('errors', 0)} non2xx {fig.get('non2xx', 0)}")
@@ -463,12 +465,13 @@ def report(results, targets, rounds, duration, elapsed):
             hdr += f" {'machine us/MiB':>15} {'added over direct':>18}"
         lines.append(hdr)
         med = {}
-        for t in targets:
+        shown = [t for t in targets if t in per]
+        for t in shown:
             runs = per.get(t, [])
             m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "machine_us")}
             m["errors"] = sum(r.get("errors", 0) + r.get("non2xx", 0) for r in runs)
             med[t] = m
-        for t in targets:
+        for t in shown:
             m = med[t]
             row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {m['errors']:>7}"
             if big:
