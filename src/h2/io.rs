@@ -9,18 +9,100 @@ use std::task::{Context, Poll};
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// A cleartext connection whose first bytes were already read.
+/// Bytes a connection holds for one write at most.
+const HOLD_MAX: usize = 64 * 1024;
+/// Held bytes that are written at the first flush, without waiting for more.
+const FLUSH_AT: usize = 32 * 1024;
+/// A held-bytes buffer larger than this is released once written (idle connections keep
+/// little memory).
+const HOLD_KEEP: usize = 16 * 1024;
+
+/// Write coalescing. The h2 crate flushes after every DATA frame (16 KiB at the peer's
+/// default frame size), and every connection poll ends with a flush: written one by one, each
+/// frame is a syscall and a TCP segment of its own. So the first flush of a batch is put
+/// off: the connection's task is woken again instead, the bytes stay held, and what other
+/// streams queue meanwhile joins them; the next flush, at the end of that next poll, writes
+/// them all. The delay is one pass of the worker's run queue.
+#[derive(Debug, Default)]
+struct Coalesce {
+    /// A flush was put off: the next one writes.
+    put_off: bool,
+}
+
+impl Coalesce {
+    /// Whether this flush may wait for the next poll (it wakes the task for it).
+    fn put_off(&mut self, cx: &mut Context<'_>, held: usize) -> bool {
+        if self.put_off || held >= FLUSH_AT {
+            return false;
+        }
+        self.put_off = true;
+        cx.waker().wake_by_ref();
+        true
+    }
+
+    /// Everything held was written.
+    fn written(&mut self) {
+        self.put_off = false;
+    }
+}
+
+/// A cleartext connection whose first bytes were already read; writes are coalesced.
 #[derive(Debug)]
 pub struct Prefixed {
     prefix: Vec<u8>,
     pos: usize,
     io: TcpStreamPoll,
+    /// Written bytes not yet sent.
+    held: Vec<u8>,
+    coalesce: Coalesce,
 }
 
 impl Prefixed {
     /// `prefix` is read before anything from `io`.
     pub fn new(prefix: Vec<u8>, io: TcpStreamPoll) -> Self {
-        Prefixed { prefix, pos: 0, io }
+        Prefixed {
+            prefix,
+            pos: 0,
+            io,
+            held: Vec::new(),
+            coalesce: Coalesce::default(),
+        }
+    }
+
+    /// Sends every held byte.
+    fn send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut sent = 0;
+        let result = loop {
+            if sent == self.held.len() {
+                break Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut self.io).poll_write(cx, &self.held[sent..]) {
+                Poll::Ready(Ok(0)) => break Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => sent += n,
+                Poll::Ready(Err(e)) => break Poll::Ready(Err(e)),
+                Poll::Pending => break Poll::Pending,
+            }
+        };
+        self.held.drain(..sent);
+        if self.held.is_empty() {
+            self.coalesce.written();
+            if self.held.capacity() > HOLD_KEEP {
+                self.held = Vec::new();
+            }
+        }
+        result
+    }
+
+    /// Makes room to hold `len` more bytes, sending what is held first when they would not
+    /// fit; `Ready(false)`: too large to hold, write them directly.
+    fn hold(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<bool>> {
+        if self.held.len() + len > HOLD_MAX {
+            match self.send_held(cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other.map(|r| r.map(|()| false)),
+            }
+        }
+        Poll::Ready(Ok(len < HOLD_MAX))
     }
 }
 
@@ -51,7 +133,16 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = &mut *self;
+        match this.hold(cx, buf.len()) {
+            Poll::Ready(Ok(true)) => {
+                this.held.extend_from_slice(buf);
+                Poll::Ready(Ok(buf.len()))
+            }
+            Poll::Ready(Ok(false)) => Pin::new(&mut this.io).poll_write(cx, buf),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn poll_write_vectored(
@@ -59,7 +150,19 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        match this.hold(cx, len) {
+            Poll::Ready(Ok(true)) => {
+                for b in bufs {
+                    this.held.extend_from_slice(b);
+                }
+                Poll::Ready(Ok(len))
+            }
+            Poll::Ready(Ok(false)) => Pin::new(&mut this.io).poll_write_vectored(cx, bufs),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -67,11 +170,25 @@ impl AsyncWrite for Prefixed {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let this = &mut *self;
+        if !this.held.is_empty() {
+            if this.coalesce.put_off(cx, this.held.len()) {
+                return Poll::Ready(Ok(()));
+            }
+            match this.send_held(cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let this = &mut *self;
+        match this.send_held(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_shutdown(cx),
+            other => other,
+        }
     }
 }
 
@@ -82,6 +199,7 @@ pub struct PollTls {
     /// Ciphertext read before the switch and not yet given to rustls.
     pending: Vec<u8>,
     eof: bool,
+    coalesce: Coalesce,
 }
 
 impl std::fmt::Debug for PollTls {
@@ -139,6 +257,7 @@ impl PollTls {
             tls,
             pending,
             eof: false,
+            coalesce: Coalesce::default(),
         }
     }
 
@@ -222,27 +341,29 @@ impl AsyncWrite for PollTls {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        loop {
-            let flushed = this.flush_tls(cx);
-            if let Poll::Ready(Err(e)) = flushed {
-                return Poll::Ready(Err(e));
-            }
-            let n = this.tls.writer().write(buf)?;
-            if n > 0 || buf.is_empty() {
-                let _ = this.flush_tls(cx);
-                return Poll::Ready(Ok(n));
-            }
-            // rustls's buffer is full: wait for the socket to take ciphertext.
-            if flushed.is_pending() {
-                return Poll::Pending;
-            }
+        // Records stay in rustls's buffer until a flush (coalesced like cleartext), or until
+        // the buffer is full.
+        let n = this.tls.writer().write(buf)?;
+        if n > 0 || buf.is_empty() {
+            return Poll::Ready(Ok(n));
+        }
+        match this.flush_tls(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(this.tls.writer().write(buf)?)),
+            other => other.map(|r| r.map(|()| 0)),
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        // rustls does not say how many bytes it holds: the first flush of a batch waits.
+        if this.tls.wants_write() && this.coalesce.put_off(cx, 0) {
+            return Poll::Ready(Ok(()));
+        }
         match this.flush_tls(cx) {
-            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_flush(cx),
+            Poll::Ready(Ok(())) => {
+                this.coalesce.written();
+                Pin::new(&mut this.io).poll_flush(cx)
+            }
             other => other,
         }
     }
