@@ -198,3 +198,73 @@ fn late_stray_bytes_on_an_idle_connection_never_answer_the_next_request() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(c.get("/").body, b"real");
 }
+
+/// An origin whose first connection answers its first request with `first`, then (2 ms
+/// later) writes `stray` and signals; every other connection answers "real".
+fn stray_origin(
+    first: &'static [u8],
+    stray: &'static [u8],
+) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<()>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let n = Arc::new(AtomicUsize::new(0));
+    let addr = raw_origin(move |mut s: TcpStream| {
+        let first_conn = n.fetch_add(1, Ordering::SeqCst) == 0;
+        loop {
+            let head = read_head_raw(&mut s);
+            if head.is_empty() {
+                return;
+            }
+            if first_conn {
+                s.write_all(first).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+                let _ = s.write_all(stray);
+                let _ = tx.lock().unwrap().send(());
+                std::thread::sleep(Duration::from_secs(2));
+                return;
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal")
+                .unwrap();
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn a_body_after_a_bodiless_response_never_answers_the_next_request() {
+    // A HEAD answered, then a forged response: the next request comes at once (well within
+    // `UNCHECKED_IDLE`), but a connection whose last response had no body is checked anyway.
+    let (addr, stray_sent) = stray_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged",
+    );
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    c.send(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n");
+    let r = c.read_response(true).unwrap();
+    assert_eq!(r.status, 200);
+    stray_sent.recv_timeout(Duration::from_secs(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+    assert_eq!(c.get("/").body, b"real");
+}
+
+#[test]
+fn stray_bytes_on_an_unchecked_connection_cost_a_resend_not_an_error() {
+    // Garbage after a complete response, read as the next request's "response" on a
+    // connection reused without the check: the request is sent again on a new connection.
+    let (addr, stray_sent) = stray_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"garbage that is no response\r\n\r\n",
+    );
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/").body, b"ok");
+    stray_sent.recv_timeout(Duration::from_secs(5)).unwrap();
+    let r = c.get("/");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"real"[..]),
+        "{}",
+        r.text()
+    );
+}

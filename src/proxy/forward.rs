@@ -322,7 +322,7 @@ async fn acquire(
         match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
             Ok(ep) => {
                 let inflight = ep.begin(w.id);
-                match up.connect(&ep, false, replayable, w.now()).await {
+                match up.connect(&ep, false, replayable, Instant::now()).await {
                     Ok(c) => {
                         tried.add(&ep);
                         return Ok((inflight, c));
@@ -668,6 +668,8 @@ pub(super) async fn proxy(
     match relayed.reuse {
         Some(reuse) => {
             if reuse.upstream {
+                let mut upc = upc;
+                upc.set_check_before_reuse(conn.resp.framing == BodyFraming::None);
                 w.release_upstream(cg, action.upstream, upc);
             }
             reuse.client
@@ -871,7 +873,10 @@ async fn exchange(
         match result {
             Ok(ubuf) => return Exchange::Head(upc, ubuf),
             Err(HeadError { error, got_bytes }) => {
-                if !fresh && resend_ok && !got_bytes && error.kind().retryable(true) {
+                // Bytes that are no response on a connection reused without the idle check
+                // were stray bytes from before this request: it was never answered.
+                let stray = upc.is_unchecked() && error.kind() == ErrorKind::UpstreamInvalid;
+                if !fresh && resend_ok && ((!got_bytes && error.kind().retryable(true)) || stray) {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
                     if let Ok(c) = up.connect(inflight.endpoint(), true, false, w.now()).await {
                         upc = c;

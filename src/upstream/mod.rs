@@ -57,10 +57,12 @@ pub const BUDGET_WINDOW_SECS: usize = 10;
 
 /// A pooled connection idle for less than this is handed to a replayable request without the
 /// `MSG_PEEK` check (a syscall per request otherwise, 3% of the proxy's CPU at saturation):
-/// under load connections come back within a millisecond. What the check guards against
-/// comes later: a server's idle-timeout close or the 408 written before it (seconds), bytes
-/// a broken server sends after its response. A close sooner than this costs a replayable
-/// request one resend on a new connection.
+/// under load connections come back within a millisecond. The check still runs after an
+/// exchange whose response had no body (where broken servers send bytes nobody asked for),
+/// for requests that cannot be sent again, and on connections idle longer (idle-timeout
+/// closes and the 408s before them come seconds later). An unchecked connection that turns
+/// out closed, or answers with bytes that are no response, costs the request one resend on
+/// a new connection.
 pub const UNCHECKED_IDLE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// One endpoint on one worker.
@@ -470,8 +472,10 @@ impl UpstreamRt {
         let stats = self.shared.stats(self.worker);
         if !force_new {
             let mut idle = ep.idle.borrow_mut();
-            while let Some((conn, idle_for)) = idle.pop(now, self.cfg.pool_idle_timeout) {
-                if (replayable && idle_for < UNCHECKED_IDLE) || conn.idle_usable() {
+            while let Some((mut conn, idle_for)) = idle.pop(now, self.cfg.pool_idle_timeout) {
+                let unchecked = replayable && idle_for < UNCHECKED_IDLE && !conn.check_before_reuse;
+                if unchecked || conn.idle_usable() {
+                    conn.unchecked = unchecked;
                     add(&stats.pool_hits, 1);
                     return Ok(conn);
                 }

@@ -31,6 +31,10 @@ pub struct UpConn {
     authority: Arc<str>,
     endpoint: Arc<EndpointState>,
     reused: bool,
+    /// Reuse only after the `MSG_PEEK` check, whatever the request (see `UpstreamRt::connect`).
+    pub(super) check_before_reuse: bool,
+    /// Handed out without that check.
+    pub(super) unchecked: bool,
 }
 
 impl Drop for UpConn {
@@ -58,6 +62,8 @@ impl UpConn {
             authority,
             endpoint,
             reused: false,
+            check_before_reuse: false,
+            unchecked: false,
         }
     }
 
@@ -78,6 +84,8 @@ impl UpConn {
             authority,
             endpoint,
             reused: false,
+            check_before_reuse: false,
+            unchecked: false,
         }
     }
 
@@ -103,6 +111,18 @@ impl UpConn {
 
     pub(crate) fn mark_reused(&mut self) {
         self.reused = true;
+    }
+
+    /// Asks for the idle check before the next reuse in any case: after an exchange whose
+    /// response had no body (HEAD, 204, 304, an empty body), the case where a broken server
+    /// sends bytes nobody asked for.
+    pub fn set_check_before_reuse(&mut self, yes: bool) {
+        self.check_before_reuse = yes;
+    }
+
+    /// Whether this pooled connection was handed out without the idle check.
+    pub fn is_unchecked(&self) -> bool {
+        self.unchecked
     }
 
     /// Whether the idle socket still looks usable (no EOF, reset or stray bytes).

@@ -278,11 +278,13 @@ impl Worker {
 
     /// Returns an upstream connection of generation `cg`'s upstream `index` to the pool in
     /// force: the current generation's upstream of the same name when `cg` was replaced.
+    /// Stamped with the system clock: reuse within `upstream::UNCHECKED_IDLE` is measured.
     pub fn release_upstream(&self, cg: &Rc<CoreGen>, index: usize, conn: UpConn) {
+        let now = Instant::now();
         let current = self.current();
         if Rc::ptr_eq(cg, &current) {
             if let Some(up) = cg.upstreams.get(index) {
-                up.release(conn, self.now());
+                up.release(conn, now);
             }
             return;
         }
@@ -290,7 +292,7 @@ impl Worker {
             return;
         };
         if let Some(j) = current.gen.upstreams.iter().position(|u| u.name == name) {
-            current.upstreams[j].release(conn, self.now());
+            current.upstreams[j].release(conn, now);
         }
     }
 
