@@ -441,3 +441,41 @@ fn an_idle_connection_gets_goaway_after_the_idle_timeout_but_a_busy_one_does_not
         assert!(ended.is_ok(), "the idle connection is still open");
     });
 }
+
+#[test]
+fn a_peer_that_never_answers_the_goaway_ping_is_closed_anyway() {
+    use std::io::{Read, Write};
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "[http]\nidle_timeout = \"1s\"\n");
+    // A raw h2c client: preface and an empty SETTINGS, then it reads and answers nothing.
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("not closed: {e} after {:?}", started.elapsed()),
+        }
+    }
+    let elapsed = started.elapsed();
+    // Frame types the server sent: 9-byte headers, length then type.
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= all.len() {
+        let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
+        types.push(all[at + 3]);
+        at += 9 + len;
+    }
+    assert!(types.contains(&0x7), "a GOAWAY came first: {types:?}");
+    assert!(types.contains(&0x6), "with its PING: {types:?}");
+    assert!(
+        elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(6),
+        "closed after {elapsed:?}"
+    );
+}

@@ -45,6 +45,11 @@ pub const ALPN_H2: &[u8] = b"h2";
 /// How often an idle connection's state is looked at.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
+/// How long a connection told to go away (idle, or the worker draining) may stay open without
+/// a stream, waiting for the peer to answer the GOAWAY's PING (at most `http.idle_timeout`);
+/// a peer that never does (or is gone) is closed anyway.
+const GOAWAY_GRACE: Duration = Duration::from_secs(5);
+
 /// Where an HTTP/2 connection came from.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
@@ -96,6 +101,10 @@ where
     let mut shutdown_seen = false;
     let mut idle_since = w.now();
     let mut closing = false;
+    // When GOAWAY went out with no stream open; the connection is closed without waiting for
+    // the peer's PING answer after `GOAWAY_GRACE`.
+    let mut closing_idle_since = None;
+    let mut forced = false;
     loop {
         if !closing && w.draining() {
             conn.graceful_shutdown();
@@ -136,11 +145,23 @@ where
             Next::Check => {
                 // Idle: no stream open, and none opened or ended since the last check.
                 let now = w.now();
-                if streams.active.get() > 0 || streams.touched.replace(false) {
+                let busy = streams.active.get() > 0 || streams.touched.replace(false);
+                if busy {
                     idle_since = now;
+                    closing_idle_since = None;
                 } else if !closing && now.saturating_duration_since(idle_since) >= idle_timeout {
                     conn.graceful_shutdown();
                     closing = true;
+                }
+                if closing && streams.active.get() == 0 {
+                    let since = *closing_idle_since.get_or_insert(now);
+                    if now.saturating_duration_since(since) >= GOAWAY_GRACE.min(idle_timeout) {
+                        if forced {
+                            break; // not even the abrupt close got through: drop it
+                        }
+                        conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                        forced = true;
+                    }
                 }
                 check
                     .as_mut()
@@ -371,12 +392,11 @@ async fn relay_response(
             }
         }
     };
-    let head = buf.split_to(head_len).freeze();
-    let Some(resp) = h2_response(&rh, &head) else {
+    let Some(resp) = h2_response(&rh, &buf[..head_len]) else {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     };
-    drop(head);
+    buf.advance(head_len);
     let no_body = matches!(rh.framing, BodyFraming::None);
     let Ok(mut send) = respond.send_response(resp, no_body) else {
         return;
@@ -442,11 +462,12 @@ async fn relay_response(
     }
 }
 
-/// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes): the
-/// values share `head` rather than being copied one by one, connection-specific fields are
-/// left out, and the request id is never indexed by HPACK (unique per response, it would
-/// only churn the connection's header table). `None` for a field HTTP/2 cannot carry.
-fn h2_response(rh: &ResponseHead, head: &Bytes) -> Option<http::Response<()>> {
+/// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes):
+/// connection-specific fields are left out, and the request id is never indexed by HPACK
+/// (unique per response, it would only churn the connection's header table). Each value is
+/// a copy of its own: HPACK's table keeps the values it indexes, and a value sharing a larger
+/// buffer would keep all of it alive. `None` for a field HTTP/2 cannot carry.
+fn h2_response(rh: &ResponseHead, head: &[u8]) -> Option<http::Response<()>> {
     use crate::http1::HeaderKind;
     let mut resp = http::Response::new(());
     *resp.status_mut() = http::StatusCode::from_u16(rh.status).ok()?;
@@ -456,12 +477,7 @@ fn h2_response(rh: &ResponseHead, head: &Bytes) -> Option<http::Response<()>> {
         if h.hop || h.kind == HeaderKind::TransferEncoding {
             continue;
         }
-        let start = h.value.start as usize;
-        let end = start + h.value.len as usize;
-        if end > head.len() {
-            return None;
-        }
-        let mut value = http::HeaderValue::from_maybe_shared(head.slice(start..end)).ok()?;
+        let mut value = http::HeaderValue::from_bytes(h.value.get(head)).ok()?;
         let name = if h.kind == HeaderKind::XRequestId {
             value.set_sensitive(true);
             http::HeaderName::from_static("x-request-id")
@@ -546,8 +562,7 @@ mod tests {
         let len = parse_response(raw, MAX_HEADERS_HARD_LIMIT, Method::Get, &mut rh)
             .unwrap()
             .unwrap();
-        let head = Bytes::copy_from_slice(&raw[..len]);
-        h2_response(&rh, &head).expect("convertible")
+        h2_response(&rh, &raw[..len]).expect("convertible")
     }
 
     #[test]
