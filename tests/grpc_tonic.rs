@@ -178,8 +178,13 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn proxy_to(server: SocketAddr) -> Proxy {
+    proxy_with(server, "")
+}
+
+/// `extra`: tables placed after the top-level keys (e.g. `[http]` settings).
+fn proxy_with(server: SocketAddr, extra: &str) -> Proxy {
     Proxy::start(&format!(
-        "workers = 1\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{server}\"]\n\
+        "workers = 1\n{extra}\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{server}\"]\n\
          [[routes]]\npath_prefix = \"/test.Echo/\"\nproxy = \"grpc\"\n"
     ))
 }
@@ -406,5 +411,40 @@ fn grpc_timeout_is_the_deadline_ringway_enforces() {
             .await
             .expect_err("no server");
         assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    });
+}
+
+#[test]
+fn a_bidirectional_call_may_be_quiet_upward_longer_than_the_body_timeout() {
+    // Once the response streams, the request body's read timeout no longer applies: the
+    // client thinks for 1.5 s (body_timeout is 1 s) and the call goes on.
+    let proxy = proxy_with(
+        grpc_server(Seen::default()),
+        "[http]\nbody_timeout = \"1s\"\n",
+    );
+    rt().block_on(async {
+        let mut c = client(proxy.addr).await;
+        c.ready().await.unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Msg>(1);
+        tx.send(msg("one", 0)).await.unwrap();
+        let resp: Response<Streaming<Msg>> = c
+            .streaming(
+                Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                path("/test.Echo/Chat"),
+                ProstCodec::default(),
+            )
+            .await
+            .expect("bidi call");
+        let mut down = resp.into_inner();
+        assert_eq!(down.message().await.unwrap().unwrap().text, "re: one");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tx.send(msg("two", 1)).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), down.message())
+            .await
+            .expect("answer in time")
+            .expect("the stream was not reset");
+        assert_eq!(answer.unwrap().text, "re: two");
+        drop(tx);
+        assert!(down.message().await.unwrap().is_none());
     });
 }

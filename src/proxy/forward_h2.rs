@@ -7,6 +7,7 @@
 //! avoids endpoints tried, retries by the same policy and budget (a refused stream is
 //! retried like a reset), passive health and the breaker fed with each outcome.
 
+use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -32,6 +33,10 @@ use crate::observe::metrics::add;
 use crate::route::{Params, ProxyAction, Route};
 use crate::upstream::{Admit, FailureClass, PickError, Tried, UpstreamRt};
 use crate::worker::{CoreGen, Worker};
+
+/// How long a bidirectional call's client may send nothing while its response streams down
+/// (the response's own timeouts end the exchange first).
+const QUIET_WHILE_RESPONDING: Duration = Duration::from_secs(24 * 3600);
 
 /// What `forward::proxy` worked out before handing over.
 pub(super) struct Plan {
@@ -163,6 +168,7 @@ async fn pump_body<S: AsyncReadRent>(
     framing: BodyFraming,
     max_body: Option<u64>,
     send: &mut h2::SendStream<Bytes>,
+    responding: &Cell<bool>,
 ) -> Result<(), Error> {
     let mut remaining = match framing {
         BodyFraming::Length(n) => n,
@@ -186,7 +192,13 @@ async fn pump_body<S: AsyncReadRent>(
             if framing != BodyFraming::Chunked {
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
-            let deadline = w.now() + cg.gen.http.body_timeout;
+            // While the response streams down (a bidirectional call), a quiet client is
+            // bounded by the response's own timeouts: the relay ends, and this pump with it.
+            let deadline = if responding.get() {
+                w.now() + QUIET_WHILE_RESPONDING
+            } else {
+                w.now() + cg.gen.http.body_timeout
+            };
             let (res, b) = read_by(stream, buf, deadline, &w.pool).await;
             buf = b;
             match res {
@@ -196,6 +208,13 @@ async fn pump_body<S: AsyncReadRent>(
                         .with_cause("client closed before the end of the request body"));
                 }
                 Ok(n) => add(&w.metrics().bytes_in, n as u64),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut && responding.get() => {
+                    // The read began before the response did: read again, without the
+                    // body timeout (only duplex pumps read a virtual connection, where a
+                    // cancelled read took nothing).
+                    *rbuf = Some(buf);
+                    continue;
+                }
                 Err(e) => {
                     *rbuf = Some(buf);
                     return Err(if e.kind() == std::io::ErrorKind::TimedOut {
@@ -239,6 +258,7 @@ async fn pump_body<S: AsyncReadRent>(
 /// gives back the read buffer.
 type DuplexPump<'a> = Pin<Box<dyn Future<Output = (Result<(), Error>, Option<Block>)> + 'a>>;
 
+#[allow(clippy::too_many_arguments)]
 fn duplex_pump<'a>(
     w: &'a Worker,
     cg: &'a CoreGen,
@@ -247,9 +267,20 @@ fn duplex_pump<'a>(
     framing: BodyFraming,
     max_body: Option<u64>,
     mut send: h2::SendStream<Bytes>,
+    responding: &'a Cell<bool>,
 ) -> DuplexPump<'a> {
     Box::pin(async move {
-        let r = pump_body(w, cg, &mut reader, &mut rbuf, framing, max_body, &mut send).await;
+        let r = pump_body(
+            w,
+            cg,
+            &mut reader,
+            &mut rbuf,
+            framing,
+            max_body,
+            &mut send,
+            responding,
+        )
+        .await;
         if let Err(e) = &r {
             if e.side() != Side::Upstream {
                 send.send_reset(h2::Reason::CANCEL);
@@ -293,6 +324,7 @@ pub(super) async fn proxy(
     let mut attempts = 0u32;
     let mut retry_slot: Option<RetrySlot<'_>> = None;
     // The rest of a request body still streaming up when the response head came.
+    let responding = Cell::new(false);
     let mut duplex_rest: Option<DuplexPump<'_>>;
     let (ticket, inflight, resp, _stream_slot) = loop {
         duplex_rest = None;
@@ -402,8 +434,16 @@ pub(super) async fn proxy(
                 conn.consume_head(head_len);
                 body_touched = true;
                 let rbuf = conn.rbuf.take();
-                let mut pump =
-                    duplex_pump(w, cg, reader, rbuf, info.framing, plan.max_body, stream);
+                let mut pump = duplex_pump(
+                    w,
+                    cg,
+                    reader,
+                    rbuf,
+                    info.framing,
+                    plan.max_body,
+                    stream,
+                    &responding,
+                );
                 let mut head = std::pin::pin!(head);
                 match race(pump.as_mut(), head.as_mut()).await {
                     Either::Left((r, rbuf)) => {
@@ -417,6 +457,7 @@ pub(super) async fn proxy(
                         head.await
                     }
                     Either::Right(resp) => {
+                        responding.set(true);
                         duplex_rest = Some(pump);
                         resp
                     }
@@ -438,6 +479,7 @@ pub(super) async fn proxy(
                             info.framing,
                             plan.max_body,
                             &mut stream,
+                            &responding,
                         )
                         .await;
                         body_read = r.is_ok();
