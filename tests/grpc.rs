@@ -15,10 +15,7 @@ use bytes::Bytes;
 use support::*;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio_rt()
 }
 
 /// A gRPC message frame: uncompressed flag, 4-byte length, payload.
@@ -34,28 +31,14 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// else is a plain 200 with a trailer `x-done: yes`. Each answer carries `x-te` and
 /// `x-grpc-timeout` as the origin saw them.
 fn h2_origin() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        rt().block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
-                        return;
-                    };
-                    while let Some(Ok((req, respond))) = conn.accept().await {
-                        tokio::spawn(serve(req, respond));
-                    }
-                });
-            }
-        });
-    });
-    addr
+    tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, respond))) = conn.accept().await {
+            tokio::spawn(serve(req, respond));
+        }
+    })
 }
 
 async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {

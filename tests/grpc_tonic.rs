@@ -145,36 +145,19 @@ async fn route(
 
 /// A tonic gRPC server on h2c, on its own thread.
 fn grpc_server(seen: Seen) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        rt().block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let seen = seen.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| route(seen.clone(), req));
-                    let _ = hyper::server::conn::http2::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
-                });
-            }
-        });
-    });
-    addr
+    tokio_server(move |tcp| {
+        let seen = seen.clone();
+        async move {
+            let svc = hyper::service::service_fn(move |req| route(seen.clone(), req));
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                .await;
+        }
+    })
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio_rt()
 }
 
 fn proxy_to(server: SocketAddr) -> Proxy {

@@ -15,10 +15,7 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio_rt()
 }
 
 type Client = h2::client::SendRequest<Bytes>;

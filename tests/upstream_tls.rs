@@ -224,37 +224,25 @@ fn http2_over_tls_by_alpn() {
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let origin = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                while let Ok((tcp, _)) = listener.accept().await {
-                    let acceptor = acceptor.clone();
-                    tokio::spawn(async move {
-                        let Ok(tls) = acceptor.accept(tcp).await else {
-                            return;
-                        };
-                        let Ok(mut conn) = h2::server::handshake(tls).await else {
-                            return;
-                        };
-                        while let Some(Ok((req, mut respond))) = conn.accept().await {
-                            let resp = http::Response::builder().status(200).body(()).unwrap();
-                            let mut send = respond.send_response(resp, false).unwrap();
-                            let body = format!("h2 {}", req.uri().path());
-                            send.send_data(bytes::Bytes::from(body), false).unwrap();
-                            let mut t = http::HeaderMap::new();
-                            t.insert("x-trailer", "1".parse().unwrap());
-                            let _ = send.send_trailers(t);
-                        }
-                    });
-                }
-            });
+    let origin = tokio_server(move |tcp| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let Ok(mut conn) = h2::server::handshake(tls).await else {
+                return;
+            };
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                let resp = http::Response::builder().status(200).body(()).unwrap();
+                let mut send = respond.send_response(resp, false).unwrap();
+                let body = format!("h2 {}", req.uri().path());
+                send.send_data(bytes::Bytes::from(body), false).unwrap();
+                let mut t = http::HeaderMap::new();
+                t.insert("x-trailer", "1".parse().unwrap());
+                let _ = send.send_trailers(t);
+            }
+        }
     });
     let d = dir.0.display().to_string();
     let p = proxy(

@@ -607,3 +607,34 @@ impl Drop for Dir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A tokio current-thread runtime (h2, tonic and hyper run on tokio in the tests).
+pub fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A server on a loopback port, on its own thread and tokio runtime: `serve` runs as a task
+/// for each accepted connection.
+pub fn tokio_server<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    thread::spawn(move || {
+        tokio_rt().block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                if let Ok((tcp, _)) = listener.accept().await {
+                    tokio::spawn(serve(tcp));
+                }
+            }
+        });
+    });
+    addr
+}
