@@ -323,7 +323,8 @@ pub(super) async fn proxy(
     let mut tried = Tried::default();
     let mut attempts = 0u32;
     let mut retry_slot: Option<RetrySlot<'_>> = None;
-    // The rest of a request body still streaming up when the response head came.
+    // Set when the response head came while the request body was still streaming up; the
+    // rest of that body then streams beside the relay.
     let responding = Cell::new(false);
     let mut duplex_rest: Option<DuplexPump<'_>>;
     let (ticket, inflight, resp, _stream_slot) = loop {
