@@ -377,3 +377,106 @@ impl AsyncWrite for PollTls {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    /// Counts its wakes.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// What the peer can read right now, without waiting.
+    fn available(peer: &mut std::net::TcpStream) -> Vec<u8> {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return out,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn writes_wait_for_the_second_flush_of_a_batch() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.block_on(async move {
+            let tcp = monoio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut peer, _) = listener.accept().unwrap();
+            peer.set_nonblocking(true).unwrap();
+            let mut io = Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap());
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            let mut io = Pin::new(&mut io);
+
+            // Small writes are held, and so is the first flush: it only wakes the task.
+            assert!(matches!(
+                io.as_mut().poll_write(&mut cx, b"one "),
+                Poll::Ready(Ok(4))
+            ));
+            let bufs = [io::IoSlice::new(b"two "), io::IoSlice::new(b"three ")];
+            assert!(matches!(
+                io.as_mut().poll_write_vectored(&mut cx, &bufs),
+                Poll::Ready(Ok(10))
+            ));
+            assert!(matches!(
+                io.as_mut().poll_flush(&mut cx),
+                Poll::Ready(Ok(()))
+            ));
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                1,
+                "the task is polled again"
+            );
+            assert!(available(&mut peer).is_empty(), "nothing sent yet");
+            // The next flush (at the end of that poll) writes the batch.
+            assert!(matches!(
+                io.as_mut().poll_flush(&mut cx),
+                Poll::Ready(Ok(()))
+            ));
+            assert_eq!(available(&mut peer), b"one two three ");
+
+            // A batch of FLUSH_AT bytes or more goes at the first flush.
+            let big = vec![7u8; FLUSH_AT];
+            assert!(matches!(
+                io.as_mut().poll_write(&mut cx, &big),
+                Poll::Ready(Ok(_))
+            ));
+            assert!(matches!(
+                io.as_mut().poll_flush(&mut cx),
+                Poll::Ready(Ok(()))
+            ));
+            assert_eq!(available(&mut peer).len(), FLUSH_AT);
+
+            // Held bytes go out before a shutdown.
+            assert!(matches!(
+                io.as_mut().poll_write(&mut cx, b"last"),
+                Poll::Ready(Ok(4))
+            ));
+            assert!(matches!(
+                io.as_mut().poll_shutdown(&mut cx),
+                Poll::Ready(Ok(()))
+            ));
+            assert_eq!(available(&mut peer), b"last");
+        });
+    }
+}
