@@ -381,7 +381,6 @@ impl AsyncWrite for PollTls {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::task::{Wake, Waker};
@@ -395,9 +394,9 @@ mod tests {
         }
     }
 
-    /// What the peer can read right now, without waiting.
-    fn available(peer: &mut std::net::TcpStream) -> Vec<u8> {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    /// What the peer can read after a moment, without waiting for more.
+    async fn available(peer: &mut std::net::TcpStream) -> Vec<u8> {
+        monoio::time::sleep(std::time::Duration::from_millis(20)).await;
         let mut out = Vec::new();
         let mut buf = [0u8; 65536];
         loop {
@@ -447,13 +446,13 @@ mod tests {
                 1,
                 "the task is polled again"
             );
-            assert!(available(&mut peer).is_empty(), "nothing sent yet");
+            assert!(available(&mut peer).await.is_empty(), "nothing sent yet");
             // The next flush (at the end of that poll) writes the batch.
             assert!(matches!(
                 io.as_mut().poll_flush(&mut cx),
                 Poll::Ready(Ok(()))
             ));
-            assert_eq!(available(&mut peer), b"one two three ");
+            assert_eq!(available(&mut peer).await, b"one two three ");
 
             // A batch of FLUSH_AT bytes or more goes at the first flush.
             let big = vec![7u8; FLUSH_AT];
@@ -465,7 +464,7 @@ mod tests {
                 io.as_mut().poll_flush(&mut cx),
                 Poll::Ready(Ok(()))
             ));
-            assert_eq!(available(&mut peer).len(), FLUSH_AT);
+            assert_eq!(available(&mut peer).await.len(), FLUSH_AT);
 
             // Held bytes go out before a shutdown.
             assert!(matches!(
@@ -476,7 +475,7 @@ mod tests {
                 io.as_mut().poll_shutdown(&mut cx),
                 Poll::Ready(Ok(()))
             ));
-            assert_eq!(available(&mut peer), b"last");
+            assert_eq!(available(&mut peer).await, b"last");
         });
     }
 }
