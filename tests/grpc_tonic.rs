@@ -45,9 +45,22 @@ fn msg(text: &str, n: u32) -> Msg {
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = Result<T, Status>> + Send>>;
 type MsgStream = Pin<Box<dyn Stream<Item = Result<Msg, Status>> + Send>>;
 
-/// What the server saw of the last request's metadata.
+/// What the server saw of the last request's metadata, and when response streams ended.
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(String, String)>>>);
+struct Seen(
+    Arc<Mutex<Vec<(String, String)>>>,
+    Arc<Mutex<Vec<(Instant, bool)>>>,
+);
+
+/// Records, when a response stream is dropped, whether it had sent everything.
+struct EndOfStream(Seen, Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for EndOfStream {
+    fn drop(&mut self) {
+        let finished = self.1.load(std::sync::atomic::Ordering::SeqCst);
+        (self.0).1.lock().unwrap().push((Instant::now(), finished));
+    }
+}
 
 impl Seen {
     fn record<T>(&self, req: &Request<T>) {
@@ -100,7 +113,18 @@ impl ServerStreamingService<Msg> for Count {
         let fail = m.text == "fail";
         let items = (0..m.n).map(|i| Ok(msg("item", i)));
         let gap = if m.text == "slow" { 400 } else { 20 };
-        let stream = tokio_stream::iter(items).throttle(Duration::from_millis(gap));
+        let n = m.n;
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let end = EndOfStream(self.0.clone(), finished.clone());
+        let stream = tokio_stream::iter(items)
+            .throttle(Duration::from_millis(gap))
+            .map(move |item| {
+                let _ = &end;
+                if item.as_ref().is_ok_and(|m| m.n + 1 == n) {
+                    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                item
+            });
         let stream: MsgStream = if fail {
             let mut status = Status::resource_exhausted("quota used up");
             status
@@ -429,5 +453,41 @@ fn a_bidirectional_call_may_be_quiet_upward_longer_than_the_body_timeout() {
         assert_eq!(answer.unwrap().text, "re: two");
         drop(tx);
         assert!(down.message().await.unwrap().is_none());
+    });
+}
+
+#[test]
+fn a_cancelled_stream_is_cancelled_upstream_at_once() {
+    // The client reads one message of a slow stream (one per 400 ms, ten in all) and goes
+    // away: ringway resets the upstream stream then, not when the stream would have ended.
+    let seen = Seen::default();
+    let proxy = proxy_to(grpc_server(seen.clone()));
+    rt().block_on(async {
+        let mut c = client(proxy.addr).await;
+        c.ready().await.unwrap();
+        let resp: Response<Streaming<Msg>> = c
+            .server_streaming(
+                Request::new(msg("slow", 10)),
+                path("/test.Echo/Count"),
+                ProstCodec::default(),
+            )
+            .await
+            .expect("the stream starts");
+        let mut stream = resp.into_inner();
+        assert_eq!(stream.message().await.unwrap().unwrap().n, 0);
+        let cancelled = Instant::now();
+        drop(stream);
+        let deadline = cancelled + Duration::from_secs(3);
+        while seen.1.lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ends = seen.1.lock().unwrap().clone();
+        let (at, finished) = *ends.first().expect("the server's stream ended");
+        assert!(!finished, "the stream was cut short, not finished");
+        assert!(
+            at.duration_since(cancelled) < Duration::from_millis(1500),
+            "the upstream stream ended {:?} after the cancel",
+            at.duration_since(cancelled)
+        );
     });
 }

@@ -306,6 +306,14 @@ impl StreamEnd {
         p.wake_reader();
     }
 
+    /// Stops taking response bytes: the proxy's writes fail from now on.
+    pub fn close_read(&self) {
+        let mut p = self.pipes.from_proxy.borrow_mut();
+        p.reader_closed = true;
+        p.data.clear();
+        p.wake_writer();
+    }
+
     /// Appends the response bytes the proxy wrote to `dst` (waiting for some); false at end
     /// of stream.
     pub async fn read_into(&self, dst: &mut BytesMut) -> bool {

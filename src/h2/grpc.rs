@@ -8,6 +8,11 @@ use crate::error::ErrorKind;
 /// Longest deadline honoured; longer ones saturate here.
 const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
+/// Whether a `content-type` value is gRPC's (`application/grpc`, `application/grpc+proto`...).
+pub fn is_grpc_content_type(value: &[u8]) -> bool {
+    value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc")
+}
+
 /// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H` hours, `M` minutes,
 /// `S` seconds, `m` milliseconds, `u` microseconds, `n` nanoseconds; case-exact). Values
 /// beyond a day saturate at a day; anything else is `None` (no deadline).

@@ -307,7 +307,13 @@ async fn stream(
     let proxy = crate::proxy::serve_virtual(w.clone(), vconn, info.peer, info.strict_sni);
     let mut proxy = std::pin::pin!(proxy);
     let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
-    let mut down = std::pin::pin!(relay_response(&end, respond, head_request));
+    // A gRPC call may wait long for its answer: a client's cancel is watched for from the
+    // start (for other requests, once the response streams; watching costs a little).
+    let grpc = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
+    let mut down = std::pin::pin!(relay_response(&end, respond, head_request, grpc));
     let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
     poll_fn(|cx| {
         if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
@@ -315,6 +321,9 @@ async fn stream(
         }
         if !down_done && down.as_mut().poll(cx).is_ready() {
             down_done = true;
+            // Nothing more can reach the client: the proxy's writes fail from now on, so
+            // an exchange the client abandoned ends (and resets its upstream stream).
+            end.close_read();
         }
         // The request body stops mattering once the response is complete.
         if !up_done && !down_done && up.as_mut().poll(cx).is_ready() {
@@ -335,6 +344,7 @@ async fn pump_request(end: &bridge::StreamEnd, body: &mut RecvStream, chunked: b
     while let Some(data) = body.data().await {
         let Ok(data) = data else {
             // The client reset the stream: the proxy sees the body end early.
+            end.close_write();
             return;
         };
         let n = data.len();
@@ -365,6 +375,7 @@ async fn relay_response(
     end: &bridge::StreamEnd,
     mut respond: SendResponse<Bytes>,
     head_request: bool,
+    watch_head_reset: bool,
 ) {
     let mut buf = BytesMut::new();
     let mut rh = ResponseHead::default();
@@ -374,10 +385,20 @@ async fn relay_response(
         Method::Get
     };
     let head_len = loop {
-        if !end.read_into(&mut buf).await {
-            // No response: the client went away (nothing can be sent).
-            respond.send_reset(h2::Reason::CANCEL);
-            return;
+        let next = if watch_head_reset {
+            read_unless_reset(end, &mut buf, |cx| respond.poll_reset(cx)).await
+        } else {
+            Some(end.read_into(&mut buf).await)
+        };
+        match next {
+            Some(true) => {}
+            // The client reset the stream while the response was awaited.
+            None => return,
+            Some(false) => {
+                // No response: the client went away (nothing can be sent).
+                respond.send_reset(h2::Reason::CANCEL);
+                return;
+            }
         }
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
@@ -447,19 +468,41 @@ async fn relay_response(
             }
             return;
         }
-        match end.read_into(&mut buf).await {
-            true => {}
-            false if matches!(rh.framing, BodyFraming::UntilClose) => {
+        match read_unless_reset(end, &mut buf, |cx| send.poll_reset(cx)).await {
+            Some(true) => {}
+            None => return, // the client reset the stream
+            Some(false) if matches!(rh.framing, BodyFraming::UntilClose) => {
                 let _ = send.send_data(Bytes::new(), true);
                 return;
             }
-            false => {
+            Some(false) => {
                 // Cut short upstream: the client must not take it for complete.
                 send.send_reset(h2::Reason::INTERNAL_ERROR);
                 return;
             }
         }
     }
+}
+
+/// The proxy's next response bytes into `buf` (`Some(false)` at their end), unless the client
+/// resets the stream first (`None`): a cancelled call is noticed while the upstream is
+/// quiet, not only at its next bytes.
+async fn read_unless_reset(
+    end: &bridge::StreamEnd,
+    buf: &mut BytesMut,
+    mut reset: impl FnMut(&mut std::task::Context<'_>) -> Poll<Result<h2::Reason, h2::Error>>,
+) -> Option<bool> {
+    let mut read = std::pin::pin!(end.read_into(buf));
+    poll_fn(|cx| {
+        if let Poll::Ready(more) = read.as_mut().poll(cx) {
+            return Poll::Ready(Some(more));
+        }
+        if reset(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes):

@@ -438,8 +438,7 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
     let grpc = matches!(conn.stream, ClientStream::Virtual(_))
         && head.headers.iter().any(|h| {
             h.name.get(src).eq_ignore_ascii_case(b"content-type")
-                && h.value.get(src).len() >= 16
-                && h.value.get(src)[..16].eq_ignore_ascii_case(b"application/grpc")
+                && crate::h2::grpc::is_grpc_content_type(h.value.get(src))
         });
     let grpc_deadline = if grpc {
         head.headers
