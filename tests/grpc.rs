@@ -108,7 +108,8 @@ fn proxy_to_h2(origin: SocketAddr) -> Proxy {
     ))
 }
 
-/// One gRPC-shaped call over h2c through ringway: (status, headers, data, trailers, elapsed).
+/// One gRPC-shaped call over h2c through ringway: (status, headers, data, trailers, elapsed,
+/// whether the response's HEADERS frame ended the stream).
 async fn call(
     addr: SocketAddr,
     path: &str,
@@ -120,6 +121,7 @@ async fn call(
     Vec<u8>,
     Option<http::HeaderMap>,
     Duration,
+    bool,
 ) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.unwrap();
@@ -140,6 +142,7 @@ async fn call(
     send.send_data(Bytes::copy_from_slice(body), true).unwrap();
     let resp = resp.await.unwrap();
     let (parts, mut rbody) = resp.into_parts();
+    let head_ended = rbody.is_end_stream();
     let mut data = Vec::new();
     while let Some(chunk) = rbody.data().await {
         let chunk = chunk.unwrap();
@@ -153,6 +156,7 @@ async fn call(
         data,
         trailers,
         started.elapsed(),
+        head_ended,
     )
 }
 
@@ -162,7 +166,7 @@ fn unary_and_streaming_calls_keep_their_trailers() {
     let proxy = proxy_to_h2(origin);
     rt().block_on(async {
         let msg = frame(b"hello");
-        let (status, headers, data, trailers, _) =
+        let (status, headers, data, trailers, _, _) =
             call(proxy.addr, "/echo.Svc/Unary", &msg, Some("5S")).await;
         assert_eq!(status, 200);
         assert_eq!(headers["content-type"], "application/grpc");
@@ -181,7 +185,7 @@ fn unary_and_streaming_calls_keep_their_trailers() {
             ("0", "ok")
         );
 
-        let (status, _, data, trailers, elapsed) =
+        let (status, _, data, trailers, elapsed, _) =
             call(proxy.addr, "/echo.Svc/Stream", &[], None).await;
         assert_eq!(status, 200);
         let expected: Vec<u8> = (0..3)
@@ -198,7 +202,7 @@ fn grpc_deadline_and_gateway_errors_are_trailers_only() {
     let origin = h2_origin();
     let proxy = proxy_to_h2(origin);
     rt().block_on(async {
-        let (status, headers, data, trailers, elapsed) =
+        let (status, headers, data, trailers, elapsed, _) =
             call(proxy.addr, "/echo.Svc/Slow", &frame(b"x"), Some("200m")).await;
         assert_eq!(status, 200);
         // The server sent its headers at once and then nothing: the deadline ends the call
@@ -211,26 +215,28 @@ fn grpc_deadline_and_gateway_errors_are_trailers_only() {
         assert!(data.is_empty());
         assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
         // Nothing at all before the deadline: a trailers-only DEADLINE_EXCEEDED.
-        let (status, headers, data, trailers, elapsed) =
+        let (status, headers, data, trailers, elapsed, head_ended) =
             call(proxy.addr, "/echo.Svc/SlowHead", &frame(b"x"), Some("200m")).await;
         assert_eq!(
             (status, headers["grpc-status"].to_str().unwrap()),
             (200, "4")
         );
         assert!(data.is_empty() && trailers.is_none(), "trailers-only");
+        // gRPC clients read the status only from a HEADERS frame that ends the stream.
+        assert!(head_ended, "END_STREAM on the trailers-only HEADERS");
         assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
     });
     // No upstream at all: UNAVAILABLE, not a JSON envelope.
     let proxy = proxy_to_h2(closed_port());
     rt().block_on(async {
-        let (status, headers, data, _, _) =
+        let (status, headers, data, _, _, head_ended) =
             call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), None).await;
         assert_eq!(
             (status, headers["grpc-status"].to_str().unwrap()),
             (200, "14")
         );
         assert_eq!(headers["content-type"], "application/grpc");
-        assert!(data.is_empty());
+        assert!(data.is_empty() && head_ended, "trailers-only");
     });
 }
 
@@ -265,4 +271,75 @@ fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
         m["ringway_upstream_pool_misses_total{upstream=\"grpc\"}"], 1.0,
         "{m:?}"
     );
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_a_body_goes_to_an_h2_upstream() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(
+        b"POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\
+          Connection: close\r\n\r\n",
+    )
+    .unwrap();
+    // The client waits for the interim answer before it sends its body.
+    let mut interim = [0u8; 25];
+    s.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"hello").unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("plain POST 5"), "{text}");
+}
+
+#[test]
+fn an_h2_upstream_connection_told_to_go_away_takes_no_new_stream() {
+    // Each connection: its first stream is answered after 1.5 s, and at once the connection
+    // is told to go away (GOAWAY); later streams on it are refused by the h2 crate.
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    let origin = tokio_server(move |tcp| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            let mut first = true;
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                let slow = std::mem::take(&mut first);
+                if slow {
+                    conn.graceful_shutdown();
+                }
+                tokio::spawn(async move {
+                    if slow {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    }
+                    let _ = req;
+                    let resp = http::Response::builder().status(200).body(()).unwrap();
+                    if let Ok(mut send) = respond.send_response(resp, false) {
+                        let _ = send.send_data(Bytes::from_static(b"done"), true);
+                    }
+                });
+            }
+        }
+    });
+    let proxy = proxy_to_h2(origin);
+    let slow = {
+        let addr = proxy.addr;
+        std::thread::spawn(move || Client::connect(addr).get("/first"))
+    };
+    assert!(wait_until(Duration::from_secs(3), || conns
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 1));
+    std::thread::sleep(Duration::from_millis(300)); // the GOAWAY has arrived
+                                                    // A second request meanwhile goes to a fresh connection, not to the draining one.
+    let r = proxy.connect().get("/second");
+    assert_eq!((r.status, r.text().as_str()), (200, "done"));
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 200, "the stream in flight ends normally");
 }

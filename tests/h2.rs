@@ -476,3 +476,238 @@ fn a_peer_that_never_answers_the_goaway_ping_is_closed_anyway() {
         "closed after {elapsed:?}"
     );
 }
+
+/// Sends `GET uri` on `c` (ending the request with its head unless `open`); the response
+/// future and the request's send half.
+fn get(
+    c: &mut h2::client::SendRequest<Bytes>,
+    uri: &str,
+    open: bool,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut req = http::Request::builder().uri(uri);
+    if open {
+        req = req.header("content-length", "0");
+    }
+    c.send_request(req.body(()).unwrap(), !open).unwrap()
+}
+
+#[test]
+fn exchanges_of_reset_streams_count_against_the_stream_limit() {
+    let origin = Origin::start(|r| {
+        if r.target == "/slow" {
+            Reply::Delay(
+                Duration::from_millis(800),
+                Box::new(Reply::text(200, "slow")),
+            )
+        } else {
+            Reply::text(200, "fast")
+        }
+    });
+    let proxy = Proxy::to(origin.addr, "[http2]\nmax_concurrent_streams = 4\n");
+    rt().block_on(async {
+        let c = h2c(proxy.addr).await;
+        // Open a slow exchange, wait until it reached the origin, reset it: four times.
+        for i in 1..=4 {
+            let mut s = c.clone().ready().await.unwrap();
+            let (resp, mut send) = get(&mut s, "http://x/slow", false);
+            // (the client's connection runs on this thread: wait without blocking it)
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while origin.requests().len() < i && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(origin.requests().len(), i);
+            send.send_reset(h2::Reason::CANCEL);
+            drop(resp);
+        }
+        // Their upstream exchanges still run: a fifth stream is refused (retryable), not
+        // turned into more upstream work.
+        let mut s = c.clone().ready().await.unwrap();
+        let (resp, _send) = get(&mut s, "http://x/fast", false);
+        let err = resp.await.expect_err("refused");
+        assert_eq!(err.reason(), Some(h2::Reason::REFUSED_STREAM), "{err}");
+        assert_eq!(origin.requests().len(), 4);
+        // Once they ended, streams are taken again.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let mut c = c.clone();
+        let (status, _, body) = request(&mut c, "GET", "http://x/fast", None).await;
+        assert_eq!((status, body.as_slice()), (200, &b"fast"[..]));
+    });
+}
+
+#[test]
+fn a_stream_carries_one_exchange_even_when_its_request_never_ends() {
+    let origin = Origin::ok("fast");
+    let proxy = Proxy::to(origin.addr, "[http2]\nmax_concurrent_streams = 2\n");
+    rt().block_on(async {
+        let c = h2c(proxy.addr).await;
+        // Requests whose streams the client never ends (the body is empty by its
+        // Content-Length), answered, then reset: nothing of them may linger.
+        for _ in 0..2 {
+            let mut s = c.clone().ready().await.unwrap();
+            let (resp, mut send) = get(&mut s, "http://x/a", true);
+            let resp = resp.await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let mut body = resp.into_body();
+            while let Some(chunk) = body.data().await {
+                chunk.unwrap();
+            }
+            send.send_reset(h2::Reason::CANCEL);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut c = c.clone();
+        let (status, _, _) = request(&mut c, "GET", "http://x/b", None).await;
+        assert_eq!(status, 200, "the earlier streams' exchanges are over");
+    });
+}
+
+#[test]
+fn a_client_that_grants_no_window_is_reset_after_the_send_timeout() {
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "[http]\nsend_timeout = \"1s\"\n");
+    rt().block_on(async {
+        let mut b = h2::client::Builder::new();
+        b.initial_window_size(0);
+        let mut c = h2c_with(proxy.addr, b).await;
+        let started = std::time::Instant::now();
+        let (resp, _send) = get(&mut c, "http://x/big/100000", false);
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let end = tokio::time::timeout(Duration::from_secs(10), body.data())
+            .await
+            .expect("the stream ends");
+        let err = end.expect("an outcome").expect_err("a reset, not data");
+        assert_eq!(err.reason(), Some(h2::Reason::CANCEL), "{err}");
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(900), "{elapsed:?}");
+    });
+}
+
+#[test]
+fn empty_bodies_end_with_the_headers_and_bad_trailer_fields_are_dropped() {
+    let origin = Origin::start(|r| match r.target.as_str() {
+        "/empty" => Reply::Full(200, vec![], Vec::new()),
+        _ => Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\
+              te: gzip\r\nconnection: x\r\nx-t: 1\r\n\r\n"
+                .to_vec(),
+        ),
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        // Content-Length 0: END_STREAM on HEADERS (a gRPC trailers-only answer needs that).
+        let (resp, _send) = get(&mut c, "http://x/empty", false);
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.body().is_end_stream(), "no DATA frame after the head");
+        // Trailer fields HTTP/2 cannot carry are left out, the rest arrive.
+        let (resp, _send) = get(&mut c, "http://x/trailers", false);
+        let mut body = resp.await.unwrap().into_body();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            data.extend_from_slice(&chunk.expect("no reset"));
+        }
+        assert_eq!(data, b"hello");
+        let trailers = body.trailers().await.expect("no reset").expect("trailers");
+        assert_eq!(trailers["x-t"], "1");
+        assert!(!trailers.contains_key("te") && !trailers.contains_key("connection"));
+    });
+}
+
+#[test]
+fn a_close_delimited_response_cut_short_is_reset_not_ended() {
+    let origin = raw_origin(|mut s| {
+        use std::io::Write;
+        read_head_raw(&mut s);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial");
+        std::thread::sleep(Duration::from_secs(3)); // stalls, then closes
+    });
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\nread_timeout = \"500ms\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        let (resp, _send) = get(&mut c, "http://x/", false);
+        let mut body = resp.await.unwrap().into_body();
+        let mut data = Vec::new();
+        let end = loop {
+            match body.data().await {
+                Some(Ok(chunk)) => data.extend_from_slice(&chunk),
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        };
+        assert_eq!(data, b"partial");
+        let err = end.expect("a reset, not a clean end of a truncated body");
+        assert_eq!(err.reason(), Some(h2::Reason::INTERNAL_ERROR), "{err}");
+    });
+}
+
+/// One raw h2c request (GET, http, the given `:path`, `:authority: a.example`); the
+/// response's outcome: `Ok(first HPACK byte of its HEADERS)` (the indexed `:status`), or
+/// `Err(RST_STREAM error code)`.
+fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
+    // HEADERS, stream 1, END_STREAM | END_HEADERS: GET, http, then literal fields (no
+    // indexing, indexed names) :path and :authority.
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x01, 9]);
+    block.extend_from_slice(b"a.example");
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    s.write_all(&out).unwrap();
+    // Frames until a HEADERS or RST_STREAM on stream 1.
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut at = 0;
+        while at + 9 <= all.len() {
+            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
+            if at + 9 + len > all.len() {
+                break;
+            }
+            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
+            let payload = &all[at + 9..at + 9 + len];
+            match all[at + 3] {
+                0x1 if stream == 1 => return Ok(payload[0]),
+                0x3 if stream == 1 => {
+                    return Err(u32::from_be_bytes([
+                        payload[0], payload[1], payload[2], payload[3],
+                    ]))
+                }
+                _ => {}
+            }
+            at += 9 + len;
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => panic!("no response: {all:?}"),
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn a_path_that_is_not_origin_form_is_rejected() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "");
+    // The encoding is right: an origin-form path is served (:status 200, static index 8).
+    assert_eq!(raw_h2c_get(proxy.addr, b"/x"), Ok(0x88));
+    assert_eq!(origin.requests().len(), 1);
+    // An absolute URI or a relative path: a malformed request (RFC 9113 §8.3.1), refused
+    // with PROTOCOL_ERROR or 400 (static index 12), and never routed.
+    for path in [&b"http://other.example/x"[..], b"x", b"*"] {
+        let outcome = raw_h2c_get(proxy.addr, path);
+        assert!(
+            matches!(outcome, Err(0x1) | Ok(0x8c)),
+            "{}: {outcome:?}",
+            String::from_utf8_lossy(path)
+        );
+    }
+    assert_eq!(origin.requests().len(), 1, "nothing more was routed");
+}

@@ -34,6 +34,8 @@ struct Pipe {
     writer_closed: bool,
     /// The reader is gone: writes fail.
     reader_closed: bool,
+    /// The writer ended because what it sent was cut short, not complete.
+    aborted: bool,
     read_waker: Option<Waker>,
     write_waker: Option<Waker>,
 }
@@ -169,6 +171,12 @@ impl VirtualConn {
         let mut p = self.pipes.from_proxy.borrow_mut();
         p.writer_closed = true;
         p.wake_reader();
+    }
+
+    /// Marks the response written so far as cut short: its end is no end of the response
+    /// (the stream is reset, even when the body is delimited by the close).
+    pub fn abort(&self) {
+        self.pipes.from_proxy.borrow_mut().aborted = true;
     }
 }
 
@@ -312,6 +320,11 @@ impl StreamEnd {
         p.reader_closed = true;
         p.data.clear();
         p.wake_writer();
+    }
+
+    /// Whether the proxy marked its response as cut short (see [`VirtualConn::abort`]).
+    pub fn aborted(&self) -> bool {
+        self.pipes.from_proxy.borrow().aborted
     }
 
     /// Appends the response bytes the proxy wrote to `dst` (waiting for some); false at end

@@ -92,6 +92,7 @@ where
     };
     add(&w.metrics().h2_connections, 1);
     let idle_timeout = gen.http.idle_timeout;
+    let max_streams = cfg.max_concurrent_streams as usize;
     drop(gen);
     let info = Rc::new(info);
     let streams = Rc::new(StreamCount::default());
@@ -130,7 +131,14 @@ where
         })
         .await;
         match next {
-            Next::Stream(Some(Ok((req, respond)))) => {
+            Next::Stream(Some(Ok((req, mut respond)))) => {
+                // A stream the client reset is closed for h2 at once, but its exchange runs
+                // on until the upstream answers: the limit counts exchanges, so that opening
+                // and resetting streams in a loop cannot start unbounded upstream work.
+                if streams.active.get() >= max_streams {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    continue;
+                }
                 streams.active.set(streams.active.get() + 1);
                 add(&w.metrics().h2_streams, 1);
                 let guard = StreamGuard(streams.clone());
@@ -295,6 +303,19 @@ async fn stream(
         );
         return;
     }
+    // `:path` is origin-form, or `*` for OPTIONS (RFC 9113 §8.3.1): an absolute URI there
+    // would route by a host other than `:authority`.
+    let path = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    if !(path.starts_with('/') || path == "*" && parts.method == http::Method::OPTIONS) {
+        local_error(
+            &mut respond,
+            &w,
+            400,
+            "bad_request",
+            "the :path pseudo-header must be an absolute path",
+        );
+        return;
+    }
     let head_request = parts.method == http::Method::HEAD;
     let chunked =
         !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
@@ -313,7 +334,14 @@ async fn stream(
         .headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
-    let mut down = std::pin::pin!(relay_response(&end, respond, head_request, grpc));
+    let send_timeout = w.gen().http.send_timeout;
+    let mut down = std::pin::pin!(relay_response(
+        &end,
+        respond,
+        head_request,
+        grpc,
+        send_timeout
+    ));
     let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
     poll_fn(|cx| {
         if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
@@ -322,8 +350,11 @@ async fn stream(
         if !down_done && down.as_mut().poll(cx).is_ready() {
             down_done = true;
             // Nothing more can reach the client: the proxy's writes fail from now on, so
-            // an exchange the client abandoned ends (and resets its upstream stream).
+            // an exchange the client abandoned ends (and resets its upstream stream); and
+            // the request body stops mattering, so the proxy sees its end (it would wait for
+            // bytes no longer pumped).
             end.close_read();
+            end.close_write();
         }
         // The request body stops mattering once the response is complete.
         if !up_done && !down_done && up.as_mut().poll(cx).is_ready() {
@@ -376,6 +407,7 @@ async fn relay_response(
     mut respond: SendResponse<Bytes>,
     head_request: bool,
     watch_head_reset: bool,
+    send_timeout: Duration,
 ) {
     let mut buf = BytesMut::new();
     let mut rh = ResponseHead::default();
@@ -418,7 +450,8 @@ async fn relay_response(
         return;
     };
     buf.advance(head_len);
-    let no_body = matches!(rh.framing, BodyFraming::None);
+    // An empty body ends with the HEADERS frame (gRPC's trailers-only responses must).
+    let no_body = matches!(rh.framing, BodyFraming::None | BodyFraming::Length(0));
     let Ok(mut send) = respond.send_response(resp, no_body) else {
         return;
     };
@@ -448,7 +481,7 @@ async fn relay_response(
             },
             _ => buf.split().freeze(),
         };
-        if !data.is_empty() && !send_data(&mut send, data).await {
+        if !data.is_empty() && !send_data(&mut send, data, send_timeout).await {
             return;
         }
         let done = match rh.framing {
@@ -458,20 +491,16 @@ async fn relay_response(
         };
         if done {
             // Trailer fields of a chunked body become HTTP/2 trailers (gRPC's status).
-            match trailers(&trailer_bytes) {
-                Some(map) => {
-                    let _ = send.send_trailers(map);
-                }
-                None => {
-                    let _ = send.send_data(Bytes::new(), true);
-                }
+            let sent = trailers(&trailer_bytes).is_some_and(|map| send.send_trailers(map).is_ok());
+            if !sent {
+                let _ = send.send_data(Bytes::new(), true);
             }
             return;
         }
         match read_unless_reset(end, &mut buf, |cx| send.poll_reset(cx)).await {
             Some(true) => {}
             None => return, // the client reset the stream
-            Some(false) if matches!(rh.framing, BodyFraming::UntilClose) => {
+            Some(false) if matches!(rh.framing, BodyFraming::UntilClose) && !end.aborted() => {
                 let _ = send.send_data(Bytes::new(), true);
                 return;
             }
@@ -566,6 +595,10 @@ fn trailers(lines: &[u8]) -> Option<http::HeaderMap> {
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             continue;
         };
+        // Connection-specific fields have no place in HTTP/2 (RFC 9113 §8.2.2).
+        if crate::http1::HeaderKind::classify(line[..colon].trim_ascii()).is_hop_by_hop() {
+            continue;
+        }
         let (Ok(name), Ok(value)) = (
             http::HeaderName::from_bytes(&line[..colon]),
             http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
@@ -577,23 +610,66 @@ fn trailers(lines: &[u8]) -> Option<http::HeaderMap> {
     (!map.is_empty()).then_some(map)
 }
 
-/// Sends `data` as it fits the stream's window; false when the stream is gone.
-async fn send_data(send: &mut h2::SendStream<Bytes>, mut data: Bytes) -> bool {
+/// Why [`send_windowed`] stopped.
+#[derive(Debug)]
+pub enum SendFail {
+    /// The stream is gone (reset, or the connection failed).
+    Closed(Option<h2::Error>),
+    /// The peer granted no window (or read nothing) for the allowed stall.
+    Stalled,
+}
+
+/// Sends `data` on `send` as the peer's window allows (`end`: then ends the stream); each
+/// wait for window is bounded by `stall`.
+pub async fn send_windowed(
+    send: &mut h2::SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+    stall: Duration,
+) -> Result<(), SendFail> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let cap = match poll_fn(|cx| send.poll_capacity(cx)).await {
+        // Capacity at hand (the usual case) needs no timer.
+        let now = poll_fn(|cx| Poll::Ready(send.poll_capacity(cx))).await;
+        let cap = match now {
+            Poll::Ready(c) => c,
+            Poll::Pending => {
+                let wait = poll_fn(|cx| send.poll_capacity(cx));
+                monoio::time::timeout(stall, wait)
+                    .await
+                    .map_err(|_| SendFail::Stalled)?
+            }
+        };
+        let cap = match cap {
             Some(Ok(c)) => c,
-            _ => return false,
+            Some(Err(e)) => return Err(SendFail::Closed(Some(e))),
+            None => return Err(SendFail::Closed(None)),
         };
         if cap == 0 {
             continue;
         }
         let piece = data.split_to(cap.min(data.len()));
-        if send.send_data(piece, false).is_err() {
-            return false;
+        send.send_data(piece, false)
+            .map_err(|e| SendFail::Closed(Some(e)))?;
+    }
+    if end {
+        send.send_data(Bytes::new(), true)
+            .map_err(|e| SendFail::Closed(Some(e)))?;
+    }
+    Ok(())
+}
+
+/// Sends response `data` to the client; false when the stream is gone, or reset because the
+/// client granted no window (or read nothing) for `stall`.
+async fn send_data(send: &mut h2::SendStream<Bytes>, data: Bytes, stall: Duration) -> bool {
+    match send_windowed(send, data, false, stall).await {
+        Ok(()) => true,
+        Err(SendFail::Closed(_)) => false,
+        Err(SendFail::Stalled) => {
+            send.send_reset(h2::Reason::CANCEL);
+            false
         }
     }
-    true
 }
 
 #[cfg(test)]

@@ -44,13 +44,13 @@ pub enum WriteHalf {
 }
 
 impl ClientStream {
-    /// The socket's descriptor (for socket options such as the reset on close); none for a
-    /// virtual connection.
-    pub fn fd(&self) -> Option<RawFd> {
+    /// Marks the response in progress as cut short: a socket is reset at its close (even a
+    /// close-delimited body cannot then pass for complete), an HTTP/2 stream is reset.
+    pub fn abort(&self) {
         match self {
-            ClientStream::Plain(s) => Some(s.as_raw_fd()),
-            ClientStream::Tls(_, fd) => Some(*fd),
-            ClientStream::Virtual(_) => None,
+            ClientStream::Plain(s) => crate::net::sys::reset_on_close(s.as_raw_fd()),
+            ClientStream::Tls(_, fd) => crate::net::sys::reset_on_close(*fd),
+            ClientStream::Virtual(v) => v.abort(),
         }
     }
 

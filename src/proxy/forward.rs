@@ -1016,6 +1016,27 @@ enum BodyOutcome {
     ClientFailed(Error),
 }
 
+/// `100 Continue` to a client that waits for it before sending its body (RFC 9110 §10.1.1),
+/// when the body is about to be read and none of it has come yet.
+pub(super) async fn send_continue(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+) -> Result<(), Error> {
+    if info.expect_continue && conn.rbuf.as_ref().is_some_and(Block::is_empty) {
+        let deadline = w.now() + cg.gen.http.send_timeout;
+        if write_static_by(&mut conn.stream, CONTINUE, deadline)
+            .await
+            .is_err()
+        {
+            return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
+        }
+        add(&w.metrics().bytes_out, CONTINUE.len() as u64);
+    }
+    Ok(())
+}
+
 /// Streams the request body upstream while watching for the response head: an upstream may
 /// answer (413, 401, ...) before it has read the whole body.
 #[allow(clippy::too_many_arguments)]
@@ -1029,18 +1050,8 @@ async fn send_body_and_read_head(
     head_deadline: &dyn Fn(&Worker) -> Instant,
     max_body: Option<u64>,
 ) -> BodyOutcome {
-    if info.expect_continue && conn.rbuf.as_ref().is_some_and(Block::is_empty) {
-        let deadline = w.now() + cg.gen.http.send_timeout;
-        if write_static_by(&mut conn.stream, CONTINUE, deadline)
-            .await
-            .is_err()
-        {
-            return BodyOutcome::ClientFailed(Error::new(
-                ErrorKind::ClientClosed,
-                Side::Downstream,
-            ));
-        }
-        add(&w.metrics().bytes_out, CONTINUE.len() as u64);
+    if let Err(e) = send_continue(w, cg, conn, info).await {
+        return BodyOutcome::ClientFailed(e);
     }
     let ClientConn {
         stream, rbuf, resp, ..
@@ -1475,9 +1486,7 @@ async fn relay_response(
             if e.side() == Side::Upstream {
                 // The response is cut short: reset the client connection rather than close it,
                 // so that even a close-delimited body cannot pass for complete.
-                if let Some(fd) = conn.stream.fd() {
-                    crate::net::sys::reset_on_close(fd);
-                }
+                conn.stream.abort();
                 conn.aborted = true;
                 tracing::warn!(
                     request_id = %info.rid.as_str(),

@@ -128,33 +128,25 @@ fn build_request(
     Ok(req)
 }
 
-/// Sends `data` as the stream's window allows.
+/// Sends `data` as the upstream stream's window allows; a window withheld for `send_timeout`
+/// fails the exchange (as a stalled write to an HTTP/1.1 upstream does).
 async fn send_all(
+    cg: &CoreGen,
     send: &mut h2::SendStream<Bytes>,
-    mut data: Bytes,
+    data: Bytes,
     end: bool,
 ) -> Result<(), Error> {
-    let closed = |e: h2::Error| Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let cap = match poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(c)) => c,
-            Some(Err(e)) => return Err(closed(e)),
-            None => {
-                return Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream)
-                    .with_cause("stream closed while sending"))
-            }
-        };
-        if cap == 0 {
-            continue;
+    use crate::h2::SendFail;
+    match crate::h2::send_windowed(send, data, end, cg.gen.http.send_timeout).await {
+        Ok(()) => Ok(()),
+        Err(SendFail::Closed(Some(e))) => {
+            Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e))
         }
-        let piece = data.split_to(cap.min(data.len()));
-        send.send_data(piece, false).map_err(closed)?;
+        Err(SendFail::Closed(None)) => Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream)
+            .with_cause("stream closed while sending")),
+        Err(SendFail::Stalled) => Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+            .with_cause("the upstream granted no window for the request body in time")),
     }
-    if end {
-        send.send_data(Bytes::new(), true).map_err(closed)?;
-    }
-    Ok(())
 }
 
 /// Streams the client's request body (after the head, in `rbuf`, then from `stream`) into
@@ -182,7 +174,7 @@ async fn pump_body<S: AsyncReadRent>(
             _ => remaining == 0,
         };
         if done {
-            return send_all(send, Bytes::new(), true).await;
+            return send_all(cg, send, Bytes::new(), true).await;
         }
         let Some(mut buf) = rbuf.take() else {
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
@@ -247,7 +239,7 @@ async fn pump_body<S: AsyncReadRent>(
         w.head_block(&mut buf);
         *rbuf = Some(buf);
         if !data.is_empty() {
-            send_all(send, data, false).await?;
+            send_all(cg, send, data, false).await?;
         }
     }
 }
@@ -467,11 +459,15 @@ pub(super) async fn proxy(
                 let sent = match &body {
                     BodyPlan::None => Ok(()),
                     BodyPlan::Buffered(b) => {
-                        send_all(&mut stream, Bytes::copy_from_slice(b), true).await
+                        send_all(cg, &mut stream, Bytes::copy_from_slice(b), true).await
                     }
                     BodyPlan::Streamed => {
                         conn.consume_head(head_len);
                         body_touched = true;
+                        if let Err(e) = super::forward::send_continue(w, cg, conn, info).await {
+                            stream.send_reset(h2::Reason::CANCEL);
+                            break 'attempt Attempt::Client(e);
+                        }
                         let r = pump_body(
                             w,
                             cg,
@@ -833,9 +829,7 @@ fn cut_short(
     e: Error,
 ) -> (bool, Option<FailureClass>) {
     let _ = w;
-    if let Some(fd) = conn.stream.fd() {
-        crate::net::sys::reset_on_close(fd);
-    }
+    conn.stream.abort();
     conn.aborted = true;
     tracing::warn!(request_id = %info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
     let class = if e.kind() == ErrorKind::UpstreamTimeout {

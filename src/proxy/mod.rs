@@ -277,6 +277,9 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
             Box::pin(tunnel::run(&w, stream, pending, t, idle)).await;
             return;
         }
+        if matches!(conn.stream, ClientStream::Virtual(_)) {
+            break; // an HTTP/2 stream carries one exchange
+        }
         if !keep || w.draining() {
             // A client that did not ask to close may have pipelined more: read it away before
             // closing, or the kernel answers it with a reset that can destroy our response.

@@ -56,6 +56,15 @@ where
     Ok((send, closed))
 }
 
+/// Whether the connection can take no new stream (a GOAWAY came, or it failed, or its
+/// stream ids ran out), though its driver may still run for the streams in flight.
+fn refuses_streams(send: &SendRequest<Bytes>) -> bool {
+    let mut probe = send.clone();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // A fresh handle has no stream pending open: readiness is the connection's state.
+    matches!(probe.poll_ready(&mut cx), std::task::Poll::Ready(Err(_)))
+}
+
 /// One HTTP/2 connection.
 #[derive(Debug)]
 struct Conn {
@@ -112,7 +121,7 @@ impl H2Pool {
             total: max_conns_total,
             connect_timeout,
         } = limits;
-        let pick = {
+        let pick = loop {
             let mut conns = self.conns.borrow_mut();
             conns.retain(|c| !c.closed.get());
             let best = conns.iter().min_by_key(|c| c.streams.get());
@@ -121,10 +130,16 @@ impl H2Pool {
                     if c.streams.get() < c.send.current_max_send_streams()
                         || conns.len() >= max_conns =>
                 {
+                    // A connection told to go away keeps running for its streams in
+                    // flight, but takes no new one: out of the pool with it.
+                    if refuses_streams(&c.send) {
+                        c.closed.set(true);
+                        continue;
+                    }
                     c.streams.set(c.streams.get() + 1);
-                    Some((c.send.clone(), StreamSlot(c.streams.clone())))
+                    break Some((c.send.clone(), StreamSlot(c.streams.clone())));
                 }
-                _ => None,
+                _ => break None,
             }
         };
         if let Some(p) = pick {
