@@ -334,7 +334,7 @@ async fn stream(
         .headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
-    let send_timeout = w.gen().http.send_timeout;
+    let send_timeout = w.current().gen.http.send_timeout;
     let mut down = std::pin::pin!(relay_response(
         &end,
         respond,
@@ -634,8 +634,9 @@ pub async fn send_windowed(
         let cap = match now {
             Poll::Ready(c) => c,
             Poll::Pending => {
+                // Boxed: the timer stays out of every stream's future (rarely needed).
                 let wait = poll_fn(|cx| send.poll_capacity(cx));
-                monoio::time::timeout(stall, wait)
+                Box::pin(monoio::time::timeout(stall, wait))
                     .await
                     .map_err(|_| SendFail::Stalled)?
             }
