@@ -224,3 +224,20 @@ fn server_sent_events_are_flushed_as_they_come() {
     }
     assert!(String::from_utf8_lossy(&got).contains("data: second"));
 }
+
+#[test]
+fn a_101_that_names_no_protocol_opens_no_tunnel() {
+    // A backend that answers 101 without an Upgrade field (reflecting a status, say) and
+    // keeps speaking HTTP: no tunnel, or the client's next request would pass unrouted.
+    let origin = raw_origin(|mut s| {
+        let _ = read_head_raw(&mut s);
+        let _ = s.write_all(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let proxy = Proxy::to(origin, "");
+    let mut c = proxy.connect();
+    c.send(b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n");
+    let r = c.read_response(false).expect("a response");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.error_code().as_deref(), Some("upstream_invalid_response"));
+}

@@ -268,3 +268,35 @@ fn stray_bytes_on_an_unchecked_connection_cost_a_resend_not_an_error() {
         r.text()
     );
 }
+
+#[test]
+fn a_response_written_past_its_content_length_never_answers_the_next_request() {
+    // The first connection's first answer carries a second, complete response in the same
+    // write, after a body longer than one read (a Content-Length that undercounts): the
+    // connection must not be reused, even for a request that comes at once (where the
+    // socket check is skipped).
+    let n = Arc::new(AtomicUsize::new(0));
+    let addr = raw_origin(move |mut s: TcpStream| {
+        let first_conn = n.fetch_add(1, Ordering::SeqCst) == 0;
+        loop {
+            if read_head_raw(&mut s).is_empty() {
+                return;
+            }
+            let answer = if first_conn {
+                let mut a = b"HTTP/1.1 200 OK\r\nContent-Length: 300000\r\n\r\n".to_vec();
+                a.extend_from_slice(&pattern(300_000, 7));
+                a.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil");
+                a
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal".to_vec()
+            };
+            if s.write_all(&answer).is_err() {
+                return;
+            }
+        }
+    });
+    let proxy = Proxy::to(addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/").body, pattern(300_000, 7));
+    assert_eq!(c.get("/").body, b"real");
+}

@@ -152,8 +152,9 @@ pub enum HeaderKind {
     XRequestId,
     /// Forwarded (RFC 7239): kept from trusted peers only.
     Forwarded,
-    /// An underscore spelling of a forwarding field (`X_Forwarded_For`, `X_Real_IP`, ...),
-    /// which CGI-style backends read as the real one: never forwarded.
+    /// An underscore spelling of a field ringway treats specially (`X_Forwarded_For`,
+    /// `Content_Length`, `Transfer_Encoding`, `Host`...), which CGI-style backends read as
+    /// the real one: never forwarded.
     ForwardedAlias,
 }
 
@@ -166,13 +167,10 @@ impl HeaderKind {
             for (d, &b) in dashed.iter_mut().zip(name) {
                 *d = if b == b'_' { b'-' } else { b };
             }
-            if matches!(
-                Self::classify_exact(&dashed[..name.len()]),
-                HeaderKind::XForwardedFor
-                    | HeaderKind::XForwardedProto
-                    | HeaderKind::XRealIp
-                    | HeaderKind::XRequestId
-            ) {
+            // Forwarding fields, and the ones that frame or route a message: a backend
+            // that reads `_` as `-` would otherwise see a second Content-Length (a
+            // desync), a second Host or Connection.
+            if Self::classify_exact(&dashed[..name.len()]) != HeaderKind::Other {
                 return HeaderKind::ForwardedAlias;
             }
         }
@@ -357,6 +355,21 @@ mod tests {
             HeaderKind::classify(b"X-Real_IP"),
             HeaderKind::ForwardedAlias
         );
+        for framing in [
+            &b"Content_Length"[..],
+            b"transfer_encoding",
+            b"CONNECTION",
+            b"up_grade",
+        ] {
+            let kind = HeaderKind::classify(framing);
+            let aliased = framing.contains(&b'_') && framing != b"up_grade";
+            assert_eq!(
+                kind == HeaderKind::ForwardedAlias,
+                aliased,
+                "{}",
+                String::from_utf8_lossy(framing)
+            );
+        }
         assert_eq!(HeaderKind::classify(b"x_custom"), HeaderKind::Other);
     }
 

@@ -150,6 +150,16 @@ impl AsyncWriteRent for ClientStream {
     }
 }
 
+impl ReadHalf {
+    /// Whether it holds bytes read from the socket but not yet taken (TLS only).
+    pub fn holds_unread(&self) -> bool {
+        match self {
+            ReadHalf::Plain(_) => false,
+            ReadHalf::Tls(t) => t.holds_unread(),
+        }
+    }
+}
+
 impl AsyncReadRent for ReadHalf {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {

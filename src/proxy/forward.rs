@@ -1368,7 +1368,13 @@ async fn relay_response(
 ) -> Relayed {
     let resp = &conn.resp;
     if resp.status == 101 {
-        if conn.head.upgrade && body_sent {
+        // A 101 names the protocol switched to (RFC 9110 §7.8): one without it is no switch
+        // (a backend reflecting a status, say), and a tunnel opened on it would carry the
+        // client's next requests past routing.
+        let names_protocol = crate::http1::head::upgrade_protocols(&resp.headers, ubuf.data())
+            .next()
+            .is_some();
+        if conn.head.upgrade && body_sent && names_protocol {
             return switch_protocols(w, cg, conn, info, ubuf).await;
         }
         // Only a forwarded upgrade may be answered with 101 (and only once the request body
@@ -1464,6 +1470,22 @@ async fn relay_response(
         )
         .await
     {
+        Ok(leftover) if leftover > 0 && !matches!(relay, Relay::UntilClose) => {
+            tracing::warn!(
+                request_id = %info.rid.as_str(),
+                upstream = up_name,
+                bytes = leftover,
+                "upstream sent bytes beyond its response; its connection is not reused"
+            );
+            Relayed {
+                reuse: Some(Reuse {
+                    client: keep_client,
+                    upstream: false,
+                }),
+                upstream_failure: None,
+                tunnel: None,
+            }
+        }
         Ok(leftover) => Relayed {
             reuse: Some(Reuse {
                 client: keep_client,
@@ -1605,9 +1627,9 @@ impl RelayState {
                 return Ok(ubuf.len());
             }
             w.body_block(&mut ubuf);
-            if let Relay::Length(_) = relay {
-                ubuf.limit_next_read(self.remaining.min(usize::MAX as u64) as usize);
-            }
+            // Reads are not capped at the body's end: bytes an upstream sends beyond its
+            // Content-Length in the same write show up here as leftovers, and the
+            // connection is not reused (they would pass for the next request's response).
             let deadline = w.now() + read_timeout;
             let (res, b) = read_by(up, ubuf, deadline, &w.pool).await;
             ubuf = b;

@@ -704,7 +704,9 @@ async fn discard_body(
 /// Half-closes, then reads and drops what the client still sends for a short while, so that the
 /// response written last is not lost to a reset.
 async fn linger_close(w: &Worker, mut conn: ClientConn) {
-    let _ = conn.stream.shutdown().await;
+    // Bounded: over TLS the shutdown writes close_notify, which a client that reads nothing
+    // would never take.
+    let _ = monoio::time::timeout(LINGER_TIME, conn.stream.shutdown()).await;
     if matches!(conn.stream, ClientStream::Virtual(_)) {
         // An HTTP/2 stream has no kernel reset to guard against; its request side ends with
         // the stream.

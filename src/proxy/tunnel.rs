@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::net::client::ClientStream;
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
-use super::io::{race, read_by, write_all_by, Either};
+use super::io::{race, write_all_by, Either};
 use crate::buf::Block;
 use crate::observe::metrics::add;
 use crate::upstream::UpConn;
@@ -113,22 +113,31 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
         }
         w.body_block(&mut buf);
         // Idle means idle both ways: wake up at the deadline and look at the other side's
-        // last activity before giving up.
-        let (res, b) = read_by(src, buf, last.get() + idle, &w.body_pool).await;
+        // last activity before giving up. The read stays in flight across these looks (a
+        // cancelled read could have completed already, and its bytes would be lost).
+        let (res, b) = {
+            let mut read = std::pin::pin!(src.read(buf));
+            loop {
+                let deadline = monoio::time::Instant::from_std(last.get() + idle);
+                match monoio::time::timeout_at(deadline, read.as_mut()).await {
+                    Ok(r) => break r,
+                    // The precise clock: with the coarse one (a tick behind) the next
+                    // deadline could already have passed, and the loop would spin.
+                    Err(_) if Instant::now().saturating_duration_since(last.get()) >= idle => {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "tunnel idle"));
+                    }
+                    Err(_) => {}
+                }
+            }
+        };
         buf = b;
         match res {
             Ok(0) => {
-                let _ = dst.shutdown().await;
+                // Bounded: a TLS close_notify to a peer that reads nothing could wait forever.
+                let _ = monoio::time::timeout(idle, dst.shutdown()).await;
                 return Ok(());
             }
             Ok(_) => last.set(w.now()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                // The precise clock: with the coarse one (a tick behind) the next deadline
-                // could already have passed, and the loop would spin without yielding.
-                if Instant::now().saturating_duration_since(last.get()) >= idle {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "tunnel idle"));
-                }
-            }
             Err(e) => return Err(e),
         }
     }

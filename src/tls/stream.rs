@@ -92,6 +92,19 @@ fn invalid(e: rustls::Error) -> io::Error {
 }
 
 impl TlsReadHalf {
+    /// Whether bytes past what was read are held here: ciphertext not yet given to rustls,
+    /// or plaintext not yet taken. A connection holding any must not be reused (the bytes are
+    /// no answer to the next request; a socket check cannot see them).
+    pub fn holds_unread(&self) -> bool {
+        if self.pos < self.cipher.len() {
+            return true;
+        }
+        match self.tls.borrow_mut().process_new_packets() {
+            Ok(state) => state.plaintext_bytes_to_read() > 0,
+            Err(_) => true,
+        }
+    }
+
     /// Gives rustls more ciphertext: what is left of the last socket read, else a new read.
     /// At end of stream rustls is told (it then reports a close without `close_notify`).
     async fn fill(&mut self) -> io::Result<()> {

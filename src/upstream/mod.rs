@@ -529,7 +529,8 @@ impl UpstreamRt {
     /// Returns a connection whose exchange completed cleanly to its endpoint's idle pool (or
     /// closes it when the pool is full or the endpoint left the upstream).
     pub fn release(&self, mut conn: UpConn, now: Instant) {
-        if self.cfg.pool_max_idle == 0 {
+        // Bytes beyond the response already taken in by TLS: never the next response.
+        if self.cfg.pool_max_idle == 0 || conn.read.holds_unread() {
             return;
         }
         let eps = self.endpoints.borrow();
