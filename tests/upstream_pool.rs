@@ -300,3 +300,32 @@ fn a_response_written_past_its_content_length_never_answers_the_next_request() {
     assert_eq!(c.get("/").body, pattern(300_000, 7));
     assert_eq!(c.get("/").body, b"real");
 }
+
+#[test]
+fn an_early_answer_to_a_buffered_body_is_relayed() {
+    // A body buffered for replay (retries with buffer_max_bytes) goes up after its head;
+    // the origin refuses it at once, reads none of it and closes: its 413 is the answer
+    // (not a failed write, a 502, or a replay of the PUT).
+    let conns = Arc::new(AtomicUsize::new(0));
+    let seen = conns.clone();
+    let addr = raw_origin(move |mut s: TcpStream| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let _ = read_head_raw(&mut s);
+        let _ = s.write_all(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope",
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\n\
+         retries = {{ attempts = 2, buffer_max_bytes = 16777216 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let mut c = proxy.connect();
+    let body = vec![b'x'; 8_000_000];
+    c.send(b"PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 8000000\r\n\r\n");
+    c.stream.write_all(&body).unwrap();
+    let r = c.read_response(false).expect("the upstream's early answer");
+    assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]));
+    assert_eq!(conns.load(Ordering::SeqCst), 1, "not replayed");
+}

@@ -817,11 +817,8 @@ async fn exchange(
         }
 
         let deadline = w.now() + cg.gen.http.send_timeout;
-        let (mut res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
+        let (res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
         let mut ubuf = buf;
-        if res.is_ok() && !rest.is_empty() {
-            res = write_bytes(w, &mut upc.write, rest, deadline).await;
-        }
         if let Err(e) = res {
             let err = Error::upstream_io(e);
             if !fresh && resend_ok && err.kind().retryable(true) {
@@ -839,7 +836,22 @@ async fn exchange(
         }
         ubuf.clear();
 
-        let result = if bstate.done {
+        let mut all_sent = true;
+        let result = if !rest.is_empty() {
+            let (result, sent) = send_rest_and_read_head(
+                w,
+                &mut upc,
+                rest,
+                deadline,
+                ubuf,
+                &mut conn.resp,
+                info.method,
+                head_deadline,
+            )
+            .await;
+            all_sent = sent;
+            result
+        } else if bstate.done {
             read_response_head(
                 w,
                 &mut upc.read,
@@ -871,7 +883,12 @@ async fn exchange(
             }
         };
         match result {
-            Ok(ubuf) => return Exchange::Head(upc, ubuf),
+            Ok(ubuf) => {
+                // Answered before it had all of a buffered body: neither connection is
+                // reused.
+                bstate.done &= all_sent;
+                return Exchange::Head(upc, ubuf);
+            }
             Err(HeadError { error, got_bytes }) => {
                 // Bytes that are no response on a connection reused without the idle check
                 // were stray bytes from before this request: it was never answered.
@@ -887,6 +904,36 @@ async fn exchange(
                 return Exchange::Failed(error);
             }
         }
+    }
+}
+
+/// Writes the rest of a buffered body (what did not fit the head's block) while watching
+/// for the response head: an upstream may answer (413, 401, ...) and stop reading before it
+/// has the whole body, and that answer is relayed rather than a failed write. Returns the
+/// head's outcome and whether all of the body went out.
+#[allow(clippy::too_many_arguments)]
+async fn send_rest_and_read_head(
+    w: &Worker,
+    upc: &mut UpConn,
+    rest: &[u8],
+    deadline: Instant,
+    ubuf: Block,
+    resp: &mut ResponseHead,
+    method: Method,
+    head_deadline: &dyn Fn(&Worker) -> Instant,
+) -> (Result<Block, HeadError>, bool) {
+    let UpConn { read, write, .. } = upc;
+    let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
+    let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, method, None));
+    match race(send.as_mut(), head.as_mut()).await {
+        Either::Left(Ok(())) => (await_head(head.as_mut(), head_deadline(w)).await, true),
+        Either::Left(Err(e)) => {
+            // The upstream stopped reading; it may have answered first (a connection that
+            // was closed answers nothing, and the request may be sent again).
+            tracing::debug!(error = %e, "upstream stopped reading the buffered request body");
+            (await_head(head.as_mut(), head_deadline(w)).await, false)
+        }
+        Either::Right(result) => (result, false),
     }
 }
 
