@@ -188,3 +188,36 @@ fn regex_routes_and_rewrites_see_bytes_above_0x7f() {
     c.send(b"GET /admin/\xff HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(c.read_response(false).unwrap().status, 400);
 }
+
+#[test]
+fn rewrites_and_path_tricks_never_reach_another_path_upstream() {
+    let (a, _) = two_origins();
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/re\"\nproxy = \"a\"\n\
+         rewrite = {{ pattern = \"^/re/?(.*)$\", replacement = \"/v2/$1\" }}\n\
+         [[routes]]\npath_prefix = \"/api\"\nproxy = \"a\"\nstrip_prefix = \"/api\"\nadd_prefix = \"/v2\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+        a.addr
+    ));
+    // A prefix is stripped by whole segments: `..` is never left behind as a segment.
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/api/x").text(), "a /v2/x");
+    assert_eq!(c.get("/api../admin").text(), "a /v2/api../admin");
+    assert_eq!(c.get("/apiary").text(), "a /v2/apiary");
+    // A regex rewrite that would make a dot-segment is refused.
+    let r = proxy.connect().get("/re..");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(proxy.connect().get("/re/ok").text(), "a /v2/ok");
+    // Dot-segments with a `;` parameter and backslashes, raw or encoded: refused.
+    for path in [
+        "/static/..;/admin",
+        "/static/.;x/a",
+        "/a\\..\\admin",
+        "/a/%5c../admin",
+    ] {
+        let r = proxy.connect().get(path);
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    assert_eq!(a.requests().len(), 4, "nothing refused reached the origin");
+}

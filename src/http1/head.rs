@@ -457,16 +457,31 @@ fn parse_target(buf: &[u8], target: &[u8], head: &mut RequestHead) -> Result<(),
     Ok(())
 }
 
-/// Refuses paths that other software would read differently from the bytes routing matches:
-/// dot-segments (`/a/../admin` is `/admin` to an upstream that resolves it, RFC 3986
-/// §5.2.4), percent-encoded unreserved characters (`/%61dmin` is `/admin` after RFC 3986
-/// §6.2.2.2 normalization) and malformed percent-encodings. Browsers and HTTP libraries send
-/// none of these; a route that denies `/admin` cannot be walked around with them.
-fn check_path(path: &[u8]) -> Result<(), ParseError> {
+/// Why `path` would mean another path to some upstream, if it would: a dot-segment
+/// (`/a/../admin` is `/admin` to an upstream that resolves it, RFC 3986 §5.2.4), also with
+/// a `;` parameter (`/..;/admin`: servlet containers drop the parameter, then resolve), or a
+/// backslash (a separator to IIS and WHATWG URL parsers). Also applied to rewritten paths.
+pub fn path_ambiguity(path: &[u8]) -> Option<&'static str> {
+    if path.contains(&b'\\') {
+        return Some("backslash in path");
+    }
     for segment in path.split(|&b| b == b'/') {
-        if segment == b"." || segment == b".." {
-            return Err(ParseError::Malformed("dot-segment in path"));
+        let bare = segment.split(|&b| b == b';').next().unwrap_or(segment);
+        if bare == b"." || bare == b".." {
+            return Some("dot-segment in path");
         }
+    }
+    None
+}
+
+/// Refuses paths that other software would read differently from the bytes routing matches:
+/// see [`path_ambiguity`]; also percent-encoded unreserved characters (`/%61dmin` is `/admin`
+/// after RFC 3986 §6.2.2.2 normalization), an encoded backslash, and malformed
+/// percent-encodings. Browsers and HTTP libraries send none of these; a route that denies
+/// `/admin` cannot be walked around with them.
+fn check_path(path: &[u8]) -> Result<(), ParseError> {
+    if let Some(why) = path_ambiguity(path) {
+        return Err(ParseError::Malformed(why));
     }
     let mut i = 0;
     while let Some(off) = path[i..].iter().position(|&b| b == b'%') {
@@ -482,6 +497,9 @@ fn check_path(path: &[u8]) -> Result<(), ParseError> {
             return Err(ParseError::Malformed(
                 "percent-encoded unreserved character in path",
             ));
+        }
+        if c == b'\\' {
+            return Err(ParseError::Malformed("percent-encoded backslash in path"));
         }
         i = at + 3;
     }

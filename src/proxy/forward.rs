@@ -396,6 +396,20 @@ pub(super) async fn proxy(
         )
         .await;
     };
+    // A regex rewrite splices pieces of the path: what it makes must not mean another path
+    // to the upstream (`/api..` rewritten to `/v2/..`). Prefix rewrites keep whole segments.
+    if matches!(action.rewrite, crate::route::PathRewrite::Regex(_)) {
+        let ambiguous = conn.rbuf.as_ref().and_then(|rbuf| {
+            let mut scratch = cg.scratch.borrow_mut();
+            let text = rewrite_target(&mut scratch, conn, rbuf.data(), route, action, &params);
+            crate::http1::head::path_ambiguity(text)
+        });
+        if let Some(why) = ambiguous {
+            let err = Error::new(ErrorKind::BadRequest, Side::Downstream)
+                .with_cause(format!("rewritten path refused: {why}"));
+            return fail(w, cg, conn, info, err, true).await;
+        }
+    }
     let head_len = conn.head.len;
     let max_body = route
         .limits

@@ -149,8 +149,15 @@ pub fn rewrite_path(
     match rewrite {
         PathRewrite::None => out.extend_from_slice(path),
         PathRewrite::Prefix { strip, add } => {
+            // Whole segments only: `/api` strips `/api/x` and `/api`, never `/apiary` or
+            // `/api..` (which would leave `..` behind as a segment of its own).
             let rest = match strip {
-                Some(p) if path.starts_with(p.as_bytes()) => &path[p.len()..],
+                Some(p)
+                    if path.starts_with(p.as_bytes())
+                        && (p.ends_with('/') || matches!(path.get(p.len()), None | Some(b'/'))) =>
+                {
+                    &path[p.len()..]
+                }
                 _ => path,
             };
             if let Some(a) = add {
@@ -234,6 +241,9 @@ mod tests {
         };
         assert_eq!(run(&rw, "/api/users"), "/v2/users");
         assert_eq!(run(&rw, "/api"), "/v2");
+        // Whole segments only: no `..` left behind as a segment, no `/apiary` cut in two.
+        assert_eq!(run(&rw, "/api../admin"), "/v2/api../admin");
+        assert_eq!(run(&rw, "/apiary"), "/v2/apiary");
         assert_eq!(
             run(&rw, "/other"),
             "/v2/other",
