@@ -387,3 +387,55 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn turning_upstream_tls_on_by_reload_never_reuses_a_cleartext_connection() {
+    use std::io::Read;
+    // An origin that answers cleartext requests and notes a TLS ClientHello (first byte
+    // 0x16) on a connection, which it then closes.
+    let hellos = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hellos.clone();
+    let origin = raw_origin(move |mut s| {
+        use std::io::Write;
+        loop {
+            let mut first = [0u8; 1];
+            if s.peek(&mut first).unwrap_or(0) == 0 {
+                return;
+            }
+            if first[0] == 0x16 {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = s.read(&mut [0u8; 4096]);
+                return;
+            }
+            if read_head_raw(&mut s).is_empty() {
+                return;
+            }
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nplain");
+        }
+    });
+    let dir = Dir::new("pools-tls");
+    let text = |tls: &str| {
+        format!(
+            "workers = 1\ncpus = []\nlog_level = \"error\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\n{tls}\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+        )
+    };
+    let (server, addr) = start(&dir, &text(""));
+    let mut c = Client::connect(addr);
+    assert_eq!(c.get("/a").text(), "plain");
+    dir.write(&text("tls = { insecure_skip_verify = true }"));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    // The pooled cleartext connection is not used: a new connection starts TLS (which this
+    // origin does not speak, hence no 200).
+    let r = c.get("/b");
+    assert_ne!(
+        r.text(),
+        "plain",
+        "sent in cleartext after TLS was turned on"
+    );
+    assert!(hellos.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    server.shutdown();
+    server.join();
+}

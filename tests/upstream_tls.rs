@@ -263,3 +263,31 @@ fn http2_over_tls_by_alpn() {
         1.0
     );
 }
+
+#[test]
+fn health_checks_of_a_tls_upstream_speak_tls() {
+    let dir = Dir::new("up-tls-health");
+    let ca = Ca::new();
+    dir.write_file("ca.pem", ca.cert.pem().as_bytes());
+    let (_, _, chain, key) = ca.leaf(&["origin.test"]);
+    let (origin, seen) = tls_origin(chain, key, None);
+    let ca_file = dir.0.join("ca.pem").display().to_string();
+    let p = proxy(
+        origin,
+        &format!("{{ ca_file = \"{ca_file}\", server_name = \"origin.test\" }}"),
+        "health_check = { interval = \"50ms\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 2 }",
+    );
+    // Probes reach the origin through TLS (verified, with the SNI name), and it stays healthy.
+    assert!(wait_until(Duration::from_secs(5), || seen
+        .lock()
+        .unwrap()
+        .len()
+        >= 4));
+    assert!(seen
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|s| s.starts_with("origin.test ")));
+    let key = format!("ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{origin}\"}}");
+    assert_eq!(metrics(p.addr).get(&key).copied(), Some(1.0));
+}

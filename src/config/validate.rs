@@ -95,7 +95,12 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// Parses `"250ms"`, `"10s"`, `"2m"`, `"1h"` (a positive whole number and a unit).
+/// The longest duration any key accepts: deadlines are instants (now + duration), and a
+/// duration near `u64::MAX` seconds would overflow them at the first request.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses `"250ms"`, `"10s"`, `"2m"`, `"1h"` (a positive whole number and a unit), at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
@@ -116,6 +121,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     if d.is_zero() {
         return Err(format!("invalid duration `{text}`: must be above zero"));
+    }
+    if d > MAX_DURATION {
+        return Err(format!("invalid duration `{text}`: at most a year (8784h)"));
     }
     Ok(d)
 }
@@ -266,13 +274,16 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         0..10_000_000,
         "gateway.max_concurrent_requests",
     )? as u32;
-    // A tenth of the cap (at least one slot) is kept for high-priority routes, when any.
+    // A tenth of the cap (at least one slot) is kept for high-priority routes, when any; at
+    // least one slot always stays for the others (a cap of 1 keeps none back).
     let high_priority_reserve = if max_concurrent_requests > 0
         && routes
             .iter()
             .any(|r| r.priority_class >= super::HIGH_PRIORITY_CLASS)
     {
-        (max_concurrent_requests / 10).max(1)
+        (max_concurrent_requests / 10)
+            .max(1)
+            .min(max_concurrent_requests - 1)
     } else {
         0
     };
@@ -538,6 +549,12 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         },
         health_check: match &u.health_check {
             None => None,
+            // Probes speak HTTP/1.1 (over TLS when the upstream has `tls`): an HTTP/2-only
+            // upstream would fail every probe, and health checking would quietly stop.
+            Some(h) if protocol != super::UpstreamProtocol::Http1 => return Err(ctx.error(
+                h.span(),
+                "health_check probes use HTTP/1.1: not available with protocol = \"h2\" or \"h2c\"",
+            )),
             Some(h) => Some(compile_health_check(ctx, h)?),
         },
         outlier: match &u.outlier {
@@ -898,19 +915,27 @@ fn compile_route(
                     ),
                 )
             })?;
-        let slash_prefix =
-            |v: &Option<Spanned<String>>, key: &str| -> Result<Option<String>, ConfigError> {
-                match v {
-                    None => Ok(None),
-                    Some(s) if s.get_ref().starts_with('/') && valid_path_bytes(s.get_ref()) => {
-                        Ok(Some(s.get_ref().clone()))
-                    }
-                    Some(s) => Err(ctx.error(
-                        s.span(),
-                        format!("{key} must start with '/' and be a valid path"),
-                    )),
+        let slash_prefix = |v: &Option<Spanned<String>>,
+                            key: &str|
+         -> Result<Option<String>, ConfigError> {
+            match v {
+                None => Ok(None),
+                Some(s)
+                    if s.get_ref().starts_with('/')
+                        && valid_path_bytes(s.get_ref())
+                        && crate::http1::head::path_ambiguity(s.get_ref().as_bytes()).is_none() =>
+                {
+                    Ok(Some(s.get_ref().clone()))
                 }
-            };
+                Some(s) => Err(ctx.error(
+                    s.span(),
+                    format!(
+                        "{key} must start with '/' and be a valid path without dot-segments \
+                             or backslashes"
+                    ),
+                )),
+            }
+        };
         let strip = slash_prefix(&r.strip_prefix, "strip_prefix")?;
         let add = slash_prefix(&r.add_prefix, "add_prefix")?;
         let rewrite = match &r.rewrite {
@@ -1392,6 +1417,13 @@ mod tests {
             g.gateway.high_priority_reserve, 2,
             "a tenth of 25, for priority_class 9"
         );
+        // A cap of 1 keeps nothing back: the other routes would otherwise get none.
+        let tiny = compile(
+            &format!("[gateway]\nmax_concurrent_requests = 1\n{}", up("")),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(tiny.gateway.high_priority_reserve, 0);
 
         for (keys, why) in [
             ("balancer = \"fastest\"", "balancer must be"),
@@ -1463,6 +1495,10 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("1.5s").is_err());
+        // Deadlines are instants: a duration that would overflow them is refused.
+        assert!(parse_duration("10000000000000000000s").is_err());
+        assert!(parse_duration("8785h").is_err());
+        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
         assert!(parse_duration("s").is_err());
         let e = err(&format!("{MIN}[http]\nheader_timeout = \"10 s\"\n"));
         assert_eq!(e.line, 4, "{e}");

@@ -43,7 +43,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) && !shared.is_draining() {
         let published = shared.published.load_full();
         let now = Instant::now();
-        let mut due: Vec<(usize, SocketAddr, Arc<str>, HealthCheckConfig, String)> = Vec::new();
+        let mut due: Vec<Due> = Vec::new();
         let mut seen = Vec::new();
         for (i, cfg) in published.gen.upstreams.iter().enumerate() {
             let endpoints = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
@@ -71,6 +71,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                         ep.authority.clone(),
                         hc.clone(),
                         cfg.name.clone(),
+                        cfg.tls.clone(),
                     ));
                 }
             }
@@ -81,8 +82,11 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|s| {
                 let handles: Vec<_> = due
                     .iter()
-                    .map(|(key, addr, authority, hc, _)| {
-                        (*key, s.spawn(move || probe(*addr, authority, hc)))
+                    .map(|(key, addr, authority, hc, _, tls)| {
+                        (
+                            *key,
+                            s.spawn(move || probe(*addr, authority, hc, tls.as_deref())),
+                        )
                     })
                     .collect();
                 handles
@@ -95,7 +99,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                     })
                     .collect()
             });
-            for ((key, result), (_, addr, _, hc, name)) in results.into_iter().zip(&due) {
+            for ((key, result), (_, addr, _, hc, name, _)) in results.into_iter().zip(&due) {
                 if let Some(t) = tracks.get_mut(&key) {
                     apply(t, result, hc, name, *addr);
                 }
@@ -105,6 +109,16 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         std::thread::sleep(ROUND);
     }
 }
+
+/// A probe to run this round: (track key, address, authority, check, upstream name, TLS).
+type Due = (
+    usize,
+    SocketAddr,
+    Arc<str>,
+    HealthCheckConfig,
+    String,
+    Option<Arc<crate::tls::client::UpstreamTls>>,
+);
 
 /// Folds one probe result into the endpoint's run and flips its health at the thresholds.
 fn apply(
@@ -139,8 +153,35 @@ fn apply(
     }
 }
 
-/// One probe: `GET path` on a new connection; Ok when the status is the expected one.
-fn probe(addr: SocketAddr, authority: &str, hc: &HealthCheckConfig) -> Result<(), String> {
+/// One probe: `GET path` on a new connection (TLS like the upstream's own connections when
+/// it has `tls`); Ok when the status is the expected one.
+fn probe(
+    addr: SocketAddr,
+    authority: &str,
+    hc: &HealthCheckConfig,
+    tls: Option<&crate::tls::client::UpstreamTls>,
+) -> Result<(), String> {
+    let tcp = TcpStream::connect_timeout(&addr, hc.timeout).map_err(|e| e.to_string())?;
+    // Socket options set through a second handle apply to the stream in use.
+    let sock = tcp.try_clone().map_err(|e| e.to_string())?;
+    match tls {
+        None => exchange(tcp, &sock, authority, hc),
+        Some(t) => {
+            let name = t.name_for(authority)?;
+            let conn =
+                rustls::ClientConnection::new(t.config.clone(), name).map_err(|e| e.to_string())?;
+            exchange(rustls::StreamOwned::new(conn, tcp), &sock, authority, hc)
+        }
+    }
+}
+
+/// The probe's request and status line over `s` (whose socket is `sock`).
+fn exchange<S: Read + Write>(
+    mut s: S,
+    sock: &TcpStream,
+    authority: &str,
+    hc: &HealthCheckConfig,
+) -> Result<(), String> {
     let deadline = Instant::now() + hc.timeout;
     let left = || {
         deadline
@@ -148,8 +189,7 @@ fn probe(addr: SocketAddr, authority: &str, hc: &HealthCheckConfig) -> Result<()
             .filter(|d| !d.is_zero())
             .ok_or_else(|| "timed out".to_string())
     };
-    let mut s = TcpStream::connect_timeout(&addr, hc.timeout).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(left()?))
+    sock.set_write_timeout(Some(left()?))
         .map_err(|e| e.to_string())?;
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: ringway-health-check\r\nConnection: close\r\n\r\n",
@@ -165,7 +205,7 @@ fn probe(addr: SocketAddr, authority: &str, hc: &HealthCheckConfig) -> Result<()
         if len == buf.len() {
             return Err("status line too long".into());
         }
-        s.set_read_timeout(Some(left()?))
+        sock.set_read_timeout(Some(left()?))
             .map_err(|e| e.to_string())?;
         match s.read(&mut buf[len..]) {
             Ok(0) => return Err("closed before a status line".into()),

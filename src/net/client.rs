@@ -151,6 +151,11 @@ impl AsyncWriteRent for ClientStream {
 }
 
 impl ReadHalf {
+    /// Whether the connection is TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ReadHalf::Tls(_))
+    }
+
     /// Whether it holds bytes read from the socket but not yet taken (TLS only).
     pub fn holds_unread(&self) -> bool {
         match self {

@@ -290,6 +290,8 @@ enum Attempt {
         crate::upstream::h2pool::StreamSlot,
     ),
     Failed(Error, FailureClass),
+    /// Refused here (the endpoint's connection cap): says nothing about the endpoint.
+    Local(Error),
     Client(Error),
 }
 
@@ -383,7 +385,10 @@ pub(super) async fn proxy(
                             Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
                         }
                         crate::upstream::ConnectError::Busy => {
-                            Error::new(ErrorKind::UpstreamSaturated, Side::Upstream)
+                            break 'attempt Attempt::Local(Error::new(
+                                ErrorKind::UpstreamSaturated,
+                                Side::Upstream,
+                            ));
                         }
                         crate::upstream::ConnectError::Failed(io) => {
                             Error::new(ErrorKind::UpstreamConnect, Side::Upstream).with_cause(io)
@@ -532,6 +537,14 @@ pub(super) async fn proxy(
                     backoff(w, up, attempts, plan.total_deadline).await;
                     continue;
                 }
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !body_read).await;
+            }
+            Attempt::Local(err) => {
+                // Neither the breaker nor outlier detection hears of it (the ticket's drop
+                // gives a probe back).
+                drop(inflight);
+                drop(ticket);
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !body_read).await;
             }

@@ -146,7 +146,19 @@ impl H2Pool {
             return Ok(p);
         }
         if !state.open_connection(max_conns_total) {
-            return Err(ConnectError::Busy);
+            // At the endpoint's connection cap (across workers): share a connection this
+            // worker has, h2 queues the stream until the peer allows it; refuse only with none.
+            let conns = self.conns.borrow();
+            let open = conns
+                .iter()
+                .filter(|c| !c.closed.get() && !refuses_streams(&c.send));
+            return match open.min_by_key(|c| c.streams.get()) {
+                Some(c) => {
+                    c.streams.set(c.streams.get() + 1);
+                    Ok((c.send.clone(), StreamSlot(c.streams.clone())))
+                }
+                None => Err(ConnectError::Busy),
+            };
         }
         let tcp = match net::connect(addr, connect_timeout).await {
             Ok(s) => s,

@@ -334,6 +334,22 @@ impl UpstreamRt {
         let carried: Vec<Rc<EndpointRt>> = previous
             .map(|p| p.endpoints.borrow().clone())
             .unwrap_or_default();
+        // Connections made under another protocol or TLS setting (TLS turned on, another CA,
+        // verification turned back on) must not serve the new generation's requests.
+        let reconnect = previous.is_some_and(|p| {
+            p.cfg.protocol != cfg.protocol
+                || match (&p.cfg.tls, &cfg.tls) {
+                    (None, None) => false,
+                    (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                    _ => true,
+                }
+        });
+        if reconnect {
+            for ep in &carried {
+                ep.idle.borrow_mut().clear();
+                ep.h2.clear();
+            }
+        }
         let rt = UpstreamRt {
             balancer: RefCell::new(Balancer::new(&cfg.balancer, worker, &[])),
             cfg: cfg.clone(),
@@ -529,8 +545,12 @@ impl UpstreamRt {
     /// Returns a connection whose exchange completed cleanly to its endpoint's idle pool (or
     /// closes it when the pool is full or the endpoint left the upstream).
     pub fn release(&self, mut conn: UpConn, now: Instant) {
-        // Bytes beyond the response already taken in by TLS: never the next response.
-        if self.cfg.pool_max_idle == 0 || conn.read.holds_unread() {
+        // Bytes beyond the response already taken in by TLS: never the next response. A
+        // connection of an earlier generation whose TLS setting differs is not pooled either.
+        if self.cfg.pool_max_idle == 0
+            || conn.read.holds_unread()
+            || conn.read.is_tls() != self.cfg.tls.is_some()
+        {
             return;
         }
         let eps = self.endpoints.borrow();
