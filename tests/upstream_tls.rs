@@ -126,9 +126,13 @@ fn proxy(origin: SocketAddr, tls: &str, extra: &str) -> Proxy {
     ))
 }
 
-#[test]
-fn http1_over_tls_is_verified_with_the_ca_file_and_pooled() {
-    let dir = Dir::new("up-tls");
+/// A TLS origin for `origin.test` under a fresh CA, and ringway proxying to it with that CA
+/// file and server name (plus `extra` upstream keys). The directory holds the CA file.
+fn verified_tls_proxy(
+    name: &str,
+    extra: &str,
+) -> (Proxy, SocketAddr, Arc<Mutex<Vec<String>>>, Dir) {
+    let dir = Dir::new(name);
     let ca = Ca::new();
     dir.write_file("ca.pem", ca.cert.pem().as_bytes());
     let (_, _, chain, key) = ca.leaf(&["origin.test"]);
@@ -137,8 +141,14 @@ fn http1_over_tls_is_verified_with_the_ca_file_and_pooled() {
     let p = proxy(
         origin,
         &format!("{{ ca_file = \"{ca_file}\", server_name = \"origin.test\" }}"),
-        "",
+        extra,
     );
+    (p, origin, seen, dir)
+}
+
+#[test]
+fn http1_over_tls_is_verified_with_the_ca_file_and_pooled() {
+    let (p, _origin, seen, _dir) = verified_tls_proxy("up-tls", "");
     let mut c = p.connect();
     for i in 1..=5 {
         let r = c.get("/");
@@ -266,15 +276,8 @@ fn http2_over_tls_by_alpn() {
 
 #[test]
 fn health_checks_of_a_tls_upstream_speak_tls() {
-    let dir = Dir::new("up-tls-health");
-    let ca = Ca::new();
-    dir.write_file("ca.pem", ca.cert.pem().as_bytes());
-    let (_, _, chain, key) = ca.leaf(&["origin.test"]);
-    let (origin, seen) = tls_origin(chain, key, None);
-    let ca_file = dir.0.join("ca.pem").display().to_string();
-    let p = proxy(
-        origin,
-        &format!("{{ ca_file = \"{ca_file}\", server_name = \"origin.test\" }}"),
+    let (p, origin, seen, _dir) = verified_tls_proxy(
+        "up-tls-health",
         "health_check = { interval = \"50ms\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 2 }",
     );
     // Probes reach the origin through TLS (verified, with the SNI name), and it stays healthy.
