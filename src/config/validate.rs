@@ -266,7 +266,21 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 
     let mut routes = Vec::new();
     for (i, r) in raw.routes.iter().enumerate() {
-        routes.push(compile_route(&ctx, i, r.get_ref(), r.span(), &upstreams)?);
+        let route = compile_route(&ctx, i, r.get_ref(), r.span(), &upstreams)?;
+        // The head is read (and bounded by [http]) before any route is known: a route can
+        // only lower the bound.
+        if route
+            .limits
+            .max_head_bytes
+            .is_some_and(|n| n > http.limits.max_head_bytes)
+        {
+            let span = r.get_ref().limits.as_ref().map_or(r.span(), |l| l.span());
+            return Err(ctx.error(
+                span,
+                "limits.max_head_bytes may not exceed http.max_head_bytes (heads are read before routing)",
+            ));
+        }
+        routes.push(route);
     }
     let max_concurrent_requests = ctx.int(
         &raw.gateway.max_concurrent_requests,
@@ -1376,6 +1390,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.http.limits.max_request_line_bytes, 65535);
+    }
+
+    #[test]
+    fn a_route_can_only_lower_the_head_limit() {
+        let route = |n: u32| {
+            format!(
+                "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200 }}\n\
+                 limits = {{ max_head_bytes = {n} }}\n"
+            )
+        };
+        let e = err(&route(65536));
+        assert!(e.to_string().contains("http.max_head_bytes"), "{e}");
+        let g = compile(&route(4096), "t.toml").unwrap();
+        assert_eq!(g.routes.routes()[0].limits.max_head_bytes, Some(4096));
     }
 
     #[test]
