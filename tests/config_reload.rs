@@ -439,3 +439,28 @@ fn turning_upstream_tls_on_by_reload_never_reuses_a_cleartext_connection() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn a_reload_refused_for_a_port_in_use_is_tried_again_by_itself() {
+    // The new listener's port is taken when the reload comes: refused. The file does not
+    // change again, yet once the port is free the reload goes through (retried after 10 s).
+    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = blocker.local_addr().unwrap();
+    let dir = Dir::new("retry");
+    let (server, _addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "x")));
+    dir.write(&format!(
+        "{BASE}{}[[listeners]]\naddress = \"{port}\"\n",
+        respond_route("/", "x")
+    ));
+    let err = server.reload_handle().reload_and_wait().unwrap_err();
+    assert!(!err.is_empty());
+    assert_eq!(server.generation(), 1);
+    drop(blocker);
+    assert!(
+        wait_until(Duration::from_secs(15), || server.generation() == 2),
+        "the refused reload was not tried again"
+    );
+    assert_eq!(Client::connect(port).get("/").text(), "x");
+    server.shutdown();
+    server.join();
+}

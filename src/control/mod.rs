@@ -122,6 +122,10 @@ pub enum Command {
 /// How often the config file's modification time and size are looked at.
 const FILE_POLL: Duration = Duration::from_secs(1);
 
+/// When a config that compiled was refused for a reason outside it (a name that did not
+/// resolve, a port not yet free), the reload is tried again after this long.
+const RELOAD_RETRY: Duration = Duration::from_secs(10);
+
 /// What identifies a version of the config file: a rename over it changes the inode, an
 /// in-place write the change time (nanoseconds), even at the same size and modification
 /// second.
@@ -158,6 +162,8 @@ pub struct Control {
     bound: Vec<(SocketAddr, SocketAddr)>,
     file_stamp: Option<FileStamp>,
     file_hash: Option<u64>,
+    /// When to try again a reload refused for a transient reason (see [`RELOAD_RETRY`]).
+    retry_at: Option<Instant>,
     /// Certificate and key files of the generation in force, with their stamps: a change
     /// reloads the config (new certificates for the next handshakes).
     cert_files: Vec<(PathBuf, Option<FileStamp>)>,
@@ -202,6 +208,7 @@ impl Control {
                 .collect(),
             file_stamp,
             file_hash,
+            retry_at: None,
             cert_files: cert_files(&gen),
         }
     }
@@ -235,6 +242,9 @@ impl Control {
         self.file_hash = Some(hash_text(&text));
         self.file_stamp = before;
         let mut gen = compile(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+        // It compiled: a refusal from here on (resolution, binding) may pass by itself, and the
+        // file will not change to say so. Cleared when this reload goes through.
+        self.retry_at = Some(Instant::now() + RELOAD_RETRY);
         self.cert_files = cert_files(&gen);
         let current = self.shared.published.load_full();
         let book = StateBook::new(Some(&current), self.shared.workers);
@@ -313,6 +323,7 @@ impl Control {
             .collect();
 
         let number = current.number + 1;
+        self.retry_at = None;
         self.shared
             .publish(Published::new(number, Arc::new(gen), endpoints, &book));
         for (group, configured) in added {
@@ -338,6 +349,11 @@ impl Control {
 
     /// Reloads when the config file's content changed since it was last read.
     fn poll_file(&mut self) {
+        if self.retry_at.is_some_and(|at| Instant::now() >= at) {
+            self.retry_at = None;
+            let _ = self.reload("retrying a reload refused for a transient reason");
+            return;
+        }
         let changed_cert = self
             .cert_files
             .iter()
