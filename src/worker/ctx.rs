@@ -408,6 +408,11 @@ impl Worker {
             }
             self.shutdown.notify_all();
         }
+        if self.draining.get() {
+            // A listener added by a reload that raced the shutdown: started now, its accept
+            // loop would keep the worker from ever finishing.
+            new_sockets.clear();
+        }
         new_sockets
     }
 }
