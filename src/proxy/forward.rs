@@ -1531,7 +1531,8 @@ async fn relay_response(
         )
         .await
     {
-        Ok(leftover) if leftover > 0 && !matches!(relay, Relay::UntilClose) => {
+        // (A close-delimited body has no leftovers: it ends at the close.)
+        Ok(leftover) if leftover > 0 => {
             tracing::warn!(
                 request_id = %info.rid.as_str(),
                 upstream = up_name,
@@ -1547,13 +1548,10 @@ async fn relay_response(
                 tunnel: None,
             }
         }
-        Ok(leftover) => Relayed {
+        Ok(_) => Relayed {
             reuse: Some(Reuse {
                 client: keep_client,
-                upstream: upstream_keep_alive
-                    && body_sent
-                    && leftover == 0
-                    && !matches!(relay, Relay::UntilClose),
+                upstream: upstream_keep_alive && body_sent && !matches!(relay, Relay::UntilClose),
             }),
             upstream_failure: None,
             tunnel: None,

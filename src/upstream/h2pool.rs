@@ -73,6 +73,14 @@ struct Conn {
     closed: Rc<Cell<bool>>,
 }
 
+impl Conn {
+    /// A handle to send one request on, holding one of this connection's stream counts.
+    fn take_stream(&self) -> (SendRequest<Bytes>, StreamSlot) {
+        self.streams.set(self.streams.get() + 1);
+        (self.send.clone(), StreamSlot(self.streams.clone()))
+    }
+}
+
 /// An endpoint's HTTP/2 connections on this worker.
 #[derive(Debug, Default)]
 pub struct H2Pool {
@@ -136,8 +144,7 @@ impl H2Pool {
                         c.closed.set(true);
                         continue;
                     }
-                    c.streams.set(c.streams.get() + 1);
-                    break Some((c.send.clone(), StreamSlot(c.streams.clone())));
+                    break Some(c.take_stream());
                 }
                 _ => break None,
             }
@@ -153,10 +160,7 @@ impl H2Pool {
                 .iter()
                 .filter(|c| !c.closed.get() && !refuses_streams(&c.send));
             return match open.min_by_key(|c| c.streams.get()) {
-                Some(c) => {
-                    c.streams.set(c.streams.get() + 1);
-                    Ok((c.send.clone(), StreamSlot(c.streams.clone())))
-                }
+                Some(c) => Ok(c.take_stream()),
                 None => Err(ConnectError::Busy),
             };
         }
