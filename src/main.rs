@@ -6,6 +6,9 @@ use ringway::cli::{self, Command, USAGE};
 use ringway::config::{self, Generation};
 use ringway::{control, observe, Server};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let command = match cli::parse(std::env::args().skip(1)) {
         Ok(c) => c,
