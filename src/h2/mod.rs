@@ -142,7 +142,8 @@ where
                 streams.active.set(streams.active.get() + 1);
                 add(&w.metrics().h2_streams, 1);
                 let guard = StreamGuard(streams.clone());
-                monoio::spawn(stream(w.clone(), info.clone(), req, respond, guard));
+                let (w, info) = (w.clone(), info.clone());
+                crate::worker::runtime::spawn_large(move || stream(w, info, req, respond, guard));
             }
             Next::Stream(Some(Err(e))) => {
                 tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 connection error");

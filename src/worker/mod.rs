@@ -152,5 +152,6 @@ fn spawn_connection(
         .iter()
         .find(|l| l.address == slot.configured)
         .and_then(|l| l.tls.clone());
-    monoio::spawn(crate::proxy::serve_connection(w.clone(), stream, peer, tls));
+    let w = w.clone();
+    runtime::spawn_large(move || crate::proxy::serve_connection(w, stream, peer, tls));
 }
