@@ -442,6 +442,47 @@ fn breaker_opens_half_opens_with_its_probe_count_across_workers_and_closes() {
 }
 
 #[test]
+fn a_half_open_probe_is_decided_by_its_response_head_not_its_body() {
+    // 0: fail with 500; 1: the probe: a 200 head and the start of a body that then stalls
+    // (a stream, a long download); 2: answer 200.
+    let mode = Arc::new(AtomicU16::new(0));
+    let m2 = mode.clone();
+    let origin = Origin::start(move |_| match m2.load(Ordering::SeqCst) {
+        0 => Reply::text(500, "down"),
+        1 => {
+            m2.store(2, Ordering::SeqCst);
+            Reply::Raw(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab".to_vec())
+        }
+        _ => Reply::text(200, "up"),
+    });
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin.addr]),
+        // The stalled body ends by the read timeout (the proxy's stop waits for it).
+        "outlier = { consecutive_failures = 0 }\nretries = { attempts = 1 }\nread_timeout = \"3s\"\nbreaker = { failure_threshold = 3, open_duration = \"1s\", half_open_max = 1 }",
+    );
+    let mut c = p.connect();
+    for _ in 0..3 {
+        assert_eq!(c.get("/").status, 500);
+    }
+    assert_eq!(c.get("/").status, 503);
+    thread::sleep(Duration::from_millis(1100));
+    mode.store(1, Ordering::SeqCst);
+    let mut probe = TcpStream::connect(p.addr).unwrap();
+    probe
+        .write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let head = read_head_raw(&mut probe);
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+    // The probe's body is still open, and the circuit is closed already: the next request
+    // goes upstream instead of being refused as a second probe.
+    assert_eq!(upstream_metric(&p, "ringway_upstream_breaker_state"), 0.0);
+    let r = Client::connect(p.addr).get("/");
+    assert_eq!((r.status, r.text()), (200, "up".to_string()));
+    drop(probe);
+}
+
+#[test]
 fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     let health = Arc::new(AtomicU16::new(200));
     let h2 = health.clone();

@@ -26,7 +26,7 @@ use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Ei
 use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
-use crate::config::{BalancerConfig, HashKey, HIGH_PRIORITY_CLASS};
+use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
@@ -123,10 +123,23 @@ pub(super) struct Ticket<'a> {
     pub(super) recorded: bool,
 }
 
+impl Ticket<'_> {
+    /// A half-open probe is decided by its response head: its status answers whether the
+    /// upstream is back, and a long body (a stream, a download) must not hold the circuit
+    /// half-open (refusing everyone else) until it ends. The rest of the exchange then counts
+    /// like any admitted request's.
+    pub(super) fn settle_probe(&mut self, cfg: &BreakerConfig, status: u16, now_ms: u64) {
+        if let Admit::Probe(_) = self.admit {
+            self.breaker.record(cfg, self.admit, status < 500, now_ms);
+            self.admit = Admit::Allow;
+        }
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if !self.recorded && self.admit == Admit::Probe {
-            self.breaker.release_probe();
+        if !self.recorded {
+            self.breaker.release_probe(self.admit);
         }
     }
 }
@@ -505,7 +518,7 @@ pub(super) async fn proxy(
     let mut retry_slot: Option<RetrySlot<'_>> = None;
     let (ticket, inflight, mut upc, ubuf) = loop {
         attempts += 1;
-        let ticket = Ticket {
+        let mut ticket = Ticket {
             breaker: &up.shared.breaker,
             admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
             recorded: false,
@@ -614,6 +627,7 @@ pub(super) async fn proxy(
                     backoff(w, up, attempts, total_deadline).await;
                     continue;
                 }
+                ticket.settle_probe(&up.cfg.breaker, status, w.now_ms());
                 break (ticket, inflight, upc, ubuf);
             }
             Exchange::Failed(err) => {

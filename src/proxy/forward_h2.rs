@@ -324,7 +324,7 @@ pub(super) async fn proxy(
     let (ticket, inflight, resp, _stream_slot) = loop {
         duplex_rest = None;
         attempts += 1;
-        let ticket = Ticket {
+        let mut ticket = Ticket {
             breaker: &up.shared.breaker,
             admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
             recorded: false,
@@ -527,6 +527,7 @@ pub(super) async fn proxy(
                     backoff(w, up, attempts, plan.total_deadline).await;
                     continue;
                 }
+                ticket.settle_probe(&up.cfg.breaker, status, w.now_ms());
                 break (ticket, inflight, r, slot);
             }
             Attempt::Failed(err, class) => {

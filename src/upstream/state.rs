@@ -255,7 +255,7 @@ impl EndpointState {
     }
 }
 
-/// Circuit breaker state, as published in one word: `opened_at << 2 | state`.
+/// Circuit breaker state, as published in one word (see [`Breaker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
     /// Requests flow.
@@ -269,15 +269,23 @@ pub enum BreakerState {
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
+const STATE_MASK: u64 = 3;
+/// Probes out in the current half-open round: bits 2..18 (`half_open_max` < 2^16).
+const PROBE_SHIFT: u32 = 2;
+const PROBE_MASK: u64 = 0xffff << PROBE_SHIFT;
+const PROBE_ONE: u64 = 1 << PROBE_SHIFT;
+/// When the circuit opened (ms since the server's epoch): the bits above.
+const STAMP_SHIFT: u32 = 18;
 
 /// What the breaker says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
     /// Go ahead.
     Allow,
-    /// Go ahead as a half-open probe (its outcome decides the state; its permit must be
-    /// returned through `record` or `release_probe`).
-    Probe,
+    /// Go ahead as a probe of the half-open round of the circuit that opened at this
+    /// instant (ms): its outcome decides the state, and its permit must be returned through
+    /// `record` or `release_probe`.
+    Probe(u64),
     /// Refused: the circuit is open for this many more seconds (at least 1).
     Reject(u64),
 }
@@ -289,23 +297,27 @@ pub enum Admit {
 /// HALF_OPEN --a probe succeeds--> CLOSED        HALF_OPEN --a probe fails--> OPEN
 /// ```
 /// Local rejections (caps, pending limits) are never recorded.
+///
+/// The state, when the circuit opened and the probes out in a half-open round share one
+/// word (`opened << 18 | probes << 2 | state`): every transition is one compare-exchange, so
+/// a round starts with exactly no probe out, and a probe of an earlier round (still running
+/// when its round ended) can neither decide nor free a permit of a later one.
 #[derive(Debug, Default)]
 pub struct Breaker {
     word: CachePadded<AtomicU64>,
     failures: AtomicU32,
-    probes: AtomicU32,
 }
 
 impl Breaker {
     /// The current state and when it opened.
     pub fn state(&self) -> (BreakerState, u64) {
         let w = self.word.load(Ordering::Relaxed);
-        let s = match w & 3 {
+        let s = match w & STATE_MASK {
             OPEN => BreakerState::Open,
             HALF_OPEN => BreakerState::HalfOpen,
             _ => BreakerState::Closed,
         };
-        (s, w >> 2)
+        (s, w >> STAMP_SHIFT)
     }
 
     /// Whether a request may go, given the breaker config (disabled: always).
@@ -314,42 +326,34 @@ impl Breaker {
             return Admit::Allow;
         }
         let open_ms = cfg.open_duration.as_millis() as u64;
+        let max = u64::from(cfg.half_open_max).min(PROBE_MASK >> PROBE_SHIFT);
+        let mut w = self.word.load(Ordering::Acquire);
         loop {
-            let w = self.word.load(Ordering::Acquire);
-            match w & 3 {
+            let opened = w >> STAMP_SHIFT;
+            let next = match w & STATE_MASK {
                 CLOSED => return Admit::Allow,
                 OPEN => {
-                    let opened = w >> 2;
                     let elapsed = now_ms.saturating_sub(opened);
                     if elapsed < open_ms {
                         return Admit::Reject((open_ms - elapsed).div_ceil(1000).max(1));
                     }
-                    // One worker moves it to half-open; everyone then competes for permits.
-                    if self
-                        .word
-                        .compare_exchange(
-                            w,
-                            (opened << 2) | HALF_OPEN,
-                            Ordering::AcqRel,
-                            Ordering::Relaxed,
-                        )
-                        .is_ok()
-                    {
-                        self.probes.store(0, Ordering::Release);
-                    }
+                    // The first request after the open duration starts the half-open round
+                    // as its first probe.
+                    (opened << STAMP_SHIFT) | PROBE_ONE | HALF_OPEN
                 }
                 _ => {
-                    let taken =
-                        self.probes
-                            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |p| {
-                                (p < cfg.half_open_max).then_some(p + 1)
-                            });
-                    return if taken.is_ok() {
-                        Admit::Probe
-                    } else {
-                        Admit::Reject(1)
-                    };
+                    if (w & PROBE_MASK) >> PROBE_SHIFT >= max {
+                        return Admit::Reject(1);
+                    }
+                    w + PROBE_ONE
                 }
+            };
+            match self
+                .word
+                .compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Admit::Probe(opened),
+                Err(current) => w = current,
             }
         }
     }
@@ -359,44 +363,34 @@ impl Breaker {
         if cfg.failure_threshold == 0 {
             return;
         }
-        match (admit, success) {
-            (Admit::Probe, true) => {
-                self.release_probe();
-                let w = self.word.load(Ordering::Acquire);
-                if w & 3 == HALF_OPEN {
-                    let _ =
-                        self.word
-                            .compare_exchange(w, CLOSED, Ordering::AcqRel, Ordering::Relaxed);
-                }
-                self.failures.store(0, Ordering::Relaxed);
-            }
-            (Admit::Probe, false) => {
-                self.release_probe();
-                let w = self.word.load(Ordering::Acquire);
-                if w & 3 == HALF_OPEN {
-                    let _ = self.word.compare_exchange(
-                        w,
-                        (now_ms << 2) | OPEN,
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    );
+        match admit {
+            Admit::Probe(round) => {
+                // A new round never shares its stamp with the one that ended.
+                let next = if success {
+                    CLOSED
+                } else {
+                    (now_ms.max(round + 1) << STAMP_SHIFT) | OPEN
+                };
+                // Only a probe of the round in progress decides.
+                if self.update_round(round, |_| Some(next)) && success {
+                    self.failures.store(0, Ordering::Relaxed);
                 }
             }
-            (_, true) => {
+            _ if success => {
                 if self.failures.load(Ordering::Relaxed) != 0 {
                     self.failures.store(0, Ordering::Relaxed);
                 }
             }
-            (_, false) => {
+            _ => {
                 let run = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 if run >= cfg.failure_threshold {
                     let w = self.word.load(Ordering::Acquire);
-                    if w & 3 == CLOSED
+                    if w & STATE_MASK == CLOSED
                         && self
                             .word
                             .compare_exchange(
                                 w,
-                                (now_ms << 2) | OPEN,
+                                (now_ms << STAMP_SHIFT) | OPEN,
                                 Ordering::AcqRel,
                                 Ordering::Relaxed,
                             )
@@ -409,13 +403,26 @@ impl Breaker {
         }
     }
 
-    /// Returns a probe permit whose request ended without an outcome (client gone).
-    pub fn release_probe(&self) {
-        let _ = self
-            .probes
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |p| {
-                Some(p.saturating_sub(1))
-            });
+    /// Returns a probe permit whose request ended without an outcome (client gone); a
+    /// permit of a round that has ended is gone with its round.
+    pub fn release_probe(&self, admit: Admit) {
+        if let Admit::Probe(round) = admit {
+            self.update_round(round, |w| (w & PROBE_MASK != 0).then(|| w - PROBE_ONE));
+        }
+    }
+
+    /// Applies `f` to the word while it is the half-open round of the circuit opened at
+    /// `round`; whether it did.
+    fn update_round(&self, round: u64, f: impl Fn(u64) -> Option<u64>) -> bool {
+        self.word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                if w & STATE_MASK == HALF_OPEN && w >> STAMP_SHIFT == round {
+                    f(w)
+                } else {
+                    None
+                }
+            })
+            .is_ok()
     }
 }
 
@@ -587,14 +594,29 @@ mod tests {
         assert_eq!(b.admit(&cfg, 1000), Admit::Reject(10));
         assert_eq!(b.admit(&cfg, 10_500), Admit::Reject(1));
         // Half-open: exactly half_open_max probes.
-        assert_eq!(b.admit(&cfg, 11_000), Admit::Probe);
-        assert_eq!(b.admit(&cfg, 11_000), Admit::Probe);
+        let first = b.admit(&cfg, 11_000);
+        assert_eq!(first, Admit::Probe(1000));
+        assert_eq!(b.state().0, BreakerState::HalfOpen);
+        let second = b.admit(&cfg, 11_000);
+        assert_eq!(second, Admit::Probe(1000));
         assert_eq!(b.admit(&cfg, 11_000), Admit::Reject(1));
-        b.record(&cfg, Admit::Probe, false, 11_500);
+        // A permit given back makes room for one more.
+        b.release_probe(second);
+        let second = b.admit(&cfg, 11_000);
+        assert_eq!(second, Admit::Probe(1000));
+        b.record(&cfg, first, false, 11_500);
         assert_eq!(b.state(), (BreakerState::Open, 11_500));
-        b.release_probe();
-        assert_eq!(b.admit(&cfg, 21_500), Admit::Probe);
-        b.record(&cfg, Admit::Probe, true, 21_600);
+        // The round's other probe ends later: neither its permit nor its outcome reaches
+        // the next round.
+        b.release_probe(second);
+        b.record(&cfg, second, true, 11_600);
+        assert_eq!(b.state(), (BreakerState::Open, 11_500));
+        let a = b.admit(&cfg, 21_500);
+        assert_eq!(a, Admit::Probe(11_500));
+        assert_eq!(b.admit(&cfg, 21_500), Admit::Probe(11_500));
+        b.release_probe(second);
+        assert_eq!(b.admit(&cfg, 21_500), Admit::Reject(1));
+        b.record(&cfg, a, true, 21_600);
         assert_eq!(b.state().0, BreakerState::Closed);
         assert_eq!(b.admit(&cfg, 21_600), Admit::Allow);
         // Disabled.
@@ -603,6 +625,40 @@ mod tests {
             ..cfg
         };
         assert_eq!(Breaker::default().admit(&off, 0), Admit::Allow);
+    }
+
+    /// Many threads competing for the permits of one half-open round never hold more than
+    /// `half_open_max` at once.
+    #[test]
+    fn half_open_permits_hold_under_contention() {
+        let b = Arc::new(Breaker::default());
+        let cfg = breaker_cfg();
+        for _ in 0..3 {
+            b.record(&cfg, Admit::Allow, false, 0);
+        }
+        let out = Arc::new(AtomicU32::new(0));
+        let over = Arc::new(AtomicU32::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (b, out, over, cfg) = (b.clone(), out.clone(), over.clone(), cfg.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        if let a @ Admit::Probe(_) = b.admit(&cfg, 10_000) {
+                            if out.fetch_add(1, Ordering::SeqCst) >= cfg.half_open_max {
+                                over.fetch_add(1, Ordering::SeqCst);
+                            }
+                            out.fetch_sub(1, Ordering::SeqCst);
+                            b.release_probe(a);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(over.load(Ordering::SeqCst), 0);
+        assert_eq!(b.state().0, BreakerState::HalfOpen);
     }
 
     #[test]
