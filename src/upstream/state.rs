@@ -183,8 +183,16 @@ impl EndpointState {
         if run < cfg.consecutive_failures || self.ejected(now_ms) || !may_eject() {
             return false;
         }
-        let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        // The multiplier decays: one step for each `base_ejection` the endpoint has spent
+        // back in rotation since its last ejection ended (an endpoint that failed once a day
+        // is not held out for `max_ejection` forever after).
         let base = cfg.base_ejection.as_millis() as u64;
+        let last_until = self.ejected_until.load(Ordering::Relaxed);
+        let healthy_steps = now_ms.saturating_sub(last_until) / base.max(1);
+        let decayed =
+            u64::from(self.ejections.load(Ordering::Relaxed)).saturating_sub(healthy_steps);
+        let n = decayed as u32 + 1;
+        self.ejections.store(n, Ordering::Relaxed);
         let time = base
             .saturating_mul(u64::from(n))
             .min(cfg.max_ejection.as_millis() as u64);
@@ -674,15 +682,30 @@ mod tests {
         assert!(!e.record_failure(&cfg, 0, || true));
         assert!(e.record_failure(&cfg, 0, || true));
         assert!(e.ejected(500) && !e.ejected(1000));
-        e.record_failure(&cfg, 2000, || true);
-        assert!(e.record_failure(&cfg, 2000, || true));
+        // Failing again 0.5 s after coming back: twice as long.
+        e.record_failure(&cfg, 1500, || true);
+        assert!(e.record_failure(&cfg, 1500, || true));
         assert!(
-            e.ejected(3999) && !e.ejected(4000),
+            e.ejected(3499) && !e.ejected(3500),
             "second ejection lasts twice as long"
         );
+        e.record_failure(&cfg, 3600, || true);
+        assert!(e.record_failure(&cfg, 3600, || true));
+        assert!(
+            e.ejected(6599) && !e.ejected(6600),
+            "capped at max_ejection"
+        );
+        // Two base intervals back in rotation take the multiplier down by two (3 → 1).
+        e.record_failure(&cfg, 8600, || true);
+        assert!(e.record_failure(&cfg, 8600, || true));
+        assert!(e.ejected(10_599) && !e.ejected(10_600), "decayed to 2 s");
+        // A long healthy stretch: back to the base time.
+        e.record_failure(&cfg, 60_000, || true);
+        assert!(e.record_failure(&cfg, 60_000, || true));
+        assert!(e.ejected(60_999) && !e.ejected(61_000), "decayed to 1 s");
         e.record_success();
         assert!(
-            !e.record_failure(&cfg, 10_000, || false),
+            !e.record_failure(&cfg, 100_000, || false),
             "the ejection budget refuses"
         );
     }
