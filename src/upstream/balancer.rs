@@ -12,6 +12,11 @@ use crate::config::BalancerConfig;
 /// Virtual nodes per unit of weight on the consistent-hash ring.
 pub const RING_POINTS: u32 = 160;
 
+/// Most points on one ring: weights are scaled down to fit (each endpoint keeps at least
+/// one point). Every worker builds its own ring when the endpoints change: 16 Ki points are
+/// 256 KiB and about a millisecond of work, however many endpoints and however heavy.
+pub const MAX_RING_POINTS: u64 = 16 * 1024;
+
 /// Peak-EWMA decay time for p2c latency estimates, in seconds.
 pub const EWMA_DECAY_SECS: f64 = 10.0;
 
@@ -51,6 +56,33 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The consistent-hash ring of `keys` (endpoint key, weight): `RING_POINTS` per unit of
+/// weight, scaled down to at most about `MAX_RING_POINTS` in all; sorted by point.
+fn ring(keys: &[(String, u32)]) -> Vec<(u64, u32)> {
+    use std::fmt::Write;
+    let total: u64 = keys.iter().map(|(_, w)| u64::from((*w).max(1))).sum();
+    let full = total.saturating_mul(u64::from(RING_POINTS));
+    let points = |w: u32| -> u64 {
+        let w = u64::from(w.max(1));
+        if full <= MAX_RING_POINTS {
+            w * u64::from(RING_POINTS)
+        } else {
+            (w * MAX_RING_POINTS / total).max(1)
+        }
+    };
+    let mut ring = Vec::with_capacity(full.min(MAX_RING_POINTS + keys.len() as u64) as usize);
+    let mut name = String::new();
+    for (i, (key, weight)) in keys.iter().enumerate() {
+        for v in 0..points(*weight) {
+            name.clear();
+            let _ = write!(name, "{key}#{v}");
+            ring.push((hash_key(name.as_bytes()), i as u32));
+        }
+    }
+    ring.sort_unstable();
+    ring
+}
+
 /// A worker's balancer for one upstream.
 #[derive(Debug)]
 pub struct Balancer {
@@ -66,16 +98,7 @@ impl Balancer {
     /// `addr` + authority, for the ring) with `weights`.
     pub fn new(kind: &BalancerConfig, worker: usize, keys: &[(String, u32)]) -> Balancer {
         let ring = match kind {
-            BalancerConfig::ConsistentHash(_) => {
-                let mut ring = Vec::new();
-                for (i, (key, weight)) in keys.iter().enumerate() {
-                    for v in 0..RING_POINTS * weight.max(&1) {
-                        ring.push((hash_key(format!("{key}#{v}").as_bytes()), i as u32));
-                    }
-                }
-                ring.sort_unstable();
-                ring
-            }
+            BalancerConfig::ConsistentHash(_) => ring(keys),
             _ => Vec::new(),
         };
         Balancer {
@@ -361,6 +384,23 @@ mod tests {
         let share = moved as f64 / before.len() as f64;
         assert!(share <= 1.0 / n as f64 + 0.05, "moved {share}");
         assert!(share > 0.1);
+    }
+
+    #[test]
+    fn heavy_rings_are_scaled_to_the_cap_and_keep_their_weights() {
+        // 200 endpoints of weight 1000 would be 32 million points unscaled.
+        let heavy: Vec<(String, u32)> =
+            (0..200).map(|i| (format!("10.0.0.{i}:80"), 1000)).collect();
+        let r = ring(&heavy);
+        assert!(r.len() as u64 <= MAX_RING_POINTS, "{}", r.len());
+        assert!(r.windows(2).all(|p| p[0].0 <= p[1].0));
+        // Weights 1 : 3 keep their proportion when scaled.
+        let two = vec![("a:1".to_string(), 1000), ("b:1".to_string(), 3000)];
+        let r = ring(&two);
+        let a = r.iter().filter(|p| p.1 == 0).count();
+        assert_eq!((a, r.len() - a), (4096, 12288));
+        // Small sets are not scaled.
+        assert_eq!(ring(&keys(3)).len(), 3 * RING_POINTS as usize);
     }
 
     #[test]
