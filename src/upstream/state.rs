@@ -232,12 +232,12 @@ impl EndpointState {
 
     /// Token bucket (GCRA on one word, exact across cores): whether a request may go now.
     pub fn bucket_allows(&self, cfg: &RateLimitConfig, now_ns: u64) -> bool {
-        let tat = self.bucket_tat.load(Ordering::Relaxed);
-        tat <= now_ns + cfg.burst_ns()
+        self.bucket_settle(cfg, now_ns) <= now_ns + cfg.burst_ns()
     }
 
     /// Spends one token; false when the bucket is empty.
     pub fn bucket_take(&self, cfg: &RateLimitConfig, now_ns: u64) -> bool {
+        self.bucket_settle(cfg, now_ns);
         let interval = cfg.interval_ns();
         let limit = now_ns + cfg.burst_ns();
         self.bucket_tat
@@ -246,6 +246,24 @@ impl EndpointState {
                 (start <= limit).then_some(start + interval)
             })
             .is_ok()
+    }
+
+    /// The bucket's arrival time, brought within what `cfg` can make: at most an empty
+    /// bucket's (`now + burst + interval`; with an unchanged config a take never gets past
+    /// that). After a reload to a smaller burst or a higher rate the bucket is empty, not in
+    /// debt for the old burst's length.
+    fn bucket_settle(&self, cfg: &RateLimitConfig, now_ns: u64) -> u64 {
+        let tat = self.bucket_tat.load(Ordering::Relaxed);
+        let most = now_ns + cfg.burst_ns() + cfg.interval_ns();
+        if tat <= most {
+            return tat;
+        }
+        // Another worker may settle or take at the same time: either way the word is then
+        // within bounds.
+        let _ = self
+            .bucket_tat
+            .compare_exchange(tat, most, Ordering::Relaxed, Ordering::Relaxed);
+        most
     }
 
     /// In-flight attempts summed over workers.
@@ -728,5 +746,17 @@ mod tests {
         assert_eq!(taken, 3, "the burst plus the token due now");
         assert!(!e.bucket_allows(&cfg, 0));
         assert!(e.bucket_allows(&cfg, 200_000_000), "refilled at 10/s");
+        // Spent again, then a reload to a smaller burst at a higher rate: the old debt (300
+        // ms) does not outlast the new bucket's own refill (1 ms).
+        let e = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 1);
+        while e.bucket_take(&cfg, 0) {}
+        let faster = RateLimitConfig {
+            max_rps: 1000,
+            burst: 0,
+        };
+        assert!(!e.bucket_allows(&faster, 0) && !e.bucket_take(&faster, 0));
+        assert!(e.bucket_allows(&faster, 1_000_000) && e.bucket_take(&faster, 1_000_000));
+        assert!(!e.bucket_take(&faster, 1_000_000));
+        assert!(e.bucket_take(&faster, 2_000_000));
     }
 }
