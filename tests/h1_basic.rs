@@ -371,7 +371,10 @@ fn metrics_count_pool_hits_and_connects() {
     );
     assert!(m["ringway_upstream_pool_hits_total{upstream=\"up\"}"] >= 4.0);
     assert_eq!(m["ringway_upstream_requests_total{upstream=\"up\"}"], 5.0);
-    let ep = format!("upstream=\"up\",endpoint=\"{}\"", origin.addr);
+    let ep = format!(
+        "upstream=\"up\",endpoint=\"{0}\",authority=\"{0}\"",
+        origin.addr
+    );
     assert_eq!(m[&format!("ringway_endpoint_requests_total{{{ep}}}")], 5.0);
     assert_eq!(m[&format!("ringway_endpoint_connections{{{ep}}}")], 1.0);
     assert_eq!(m[&format!("ringway_endpoint_healthy{{{ep}}}")], 1.0);

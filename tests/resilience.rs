@@ -35,7 +35,7 @@ fn admin_addr(p: &Proxy) -> SocketAddr {
 }
 
 fn endpoint_metric(p: &Proxy, name: &str, ep: SocketAddr) -> f64 {
-    let key = format!("{name}{{upstream=\"up\",endpoint=\"{ep}\"}}");
+    let key = format!("{name}{{upstream=\"up\",endpoint=\"{ep}\",authority=\"{ep}\"}}");
     metrics(p.addr).get(&key).copied().unwrap_or(f64::NAN)
 }
 
@@ -548,7 +548,7 @@ fn a_mid_body_abort_ejects_the_endpoint() {
     assert_eq!(endpoint_metric(&p, "ringway_endpoint_ejected", broken), 1.0);
     assert_eq!(
         metrics(p.addr)[&format!(
-            "ringway_endpoint_failures_total{{upstream=\"up\",endpoint=\"{broken}\",class=\"mid_body\"}}"
+            "ringway_endpoint_failures_total{{upstream=\"up\",endpoint=\"{broken}\",authority=\"{broken}\",class=\"mid_body\"}}"
         )],
         1.0
     );
@@ -793,7 +793,7 @@ fn permits_return_to_zero_after_10000_requests_with_random_disconnects() {
         let m = metrics(addr);
         m["ringway_gateway_requests_in_flight"] == 0.0
             && m[&format!(
-                "ringway_endpoint_in_flight{{upstream=\"up\",endpoint=\"{}\"}}",
+                "ringway_endpoint_in_flight{{upstream=\"up\",endpoint=\"{0}\",authority=\"{0}\"}}",
                 origin.addr
             )] == 0.0
     });
@@ -808,7 +808,7 @@ fn permits_return_to_zero_after_10000_requests_with_random_disconnects() {
     let connections_ok = wait_until(Duration::from_secs(5), || {
         let m = metrics(addr);
         m[&format!(
-            "ringway_endpoint_connections{{upstream=\"up\",endpoint=\"{}\"}}",
+            "ringway_endpoint_connections{{upstream=\"up\",endpoint=\"{0}\",authority=\"{0}\"}}",
             origin.addr
         )] <= 16.0
     });

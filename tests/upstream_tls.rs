@@ -291,6 +291,8 @@ fn health_checks_of_a_tls_upstream_speak_tls() {
         .unwrap()
         .iter()
         .all(|s| s.starts_with("origin.test ")));
-    let key = format!("ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{origin}\"}}");
+    let key = format!(
+        "ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{origin}\",authority=\"{origin}\"}}"
+    );
     assert_eq!(metrics(p.addr).get(&key).copied(), Some(1.0));
 }

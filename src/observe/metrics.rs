@@ -362,8 +362,15 @@ pub fn render_upstreams(
         .iter()
         .zip(published.endpoints.iter())
         .flat_map(|((up, _), list)| {
-            list.iter()
-                .map(move |e| (up, label(&e.addr.to_string()), &*e.state))
+            list.iter().map(move |e| {
+                // Two names can resolve to one address: the authority tells them apart.
+                let labels = format!(
+                    "endpoint=\"{}\",authority=\"{}\"",
+                    label(&e.addr.to_string()),
+                    label(&e.authority)
+                );
+                (up, labels, &*e.state)
+            })
         })
         .collect();
     help(
@@ -380,7 +387,7 @@ pub fn render_upstreams(
             .sum();
         let _ = writeln!(
             out,
-            "ringway_endpoint_requests_total{{upstream=\"{up}\",endpoint=\"{ep}\"}} {n}"
+            "ringway_endpoint_requests_total{{upstream=\"{up}\",{ep}}} {n}"
         );
     }
     help(
@@ -396,7 +403,11 @@ pub fn render_upstreams(
                 .iter()
                 .map(|s| s.failures[class as usize].load(Ordering::Relaxed))
                 .sum();
-            let _ = writeln!(out, "ringway_endpoint_failures_total{{upstream=\"{up}\",endpoint=\"{ep}\",class=\"{}\"}} {n}", class.label());
+            let _ = writeln!(
+                out,
+                "ringway_endpoint_failures_total{{upstream=\"{up}\",{ep},class=\"{}\"}} {n}",
+                class.label()
+            );
         }
     }
     type Gauge = fn(&EndpointState, u64) -> u64;
@@ -435,11 +446,7 @@ pub fn render_upstreams(
     for (name, text, f) in gauges {
         help(out, name, "gauge", text);
         for (up, ep, st) in &eps {
-            let _ = writeln!(
-                out,
-                "{name}{{upstream=\"{up}\",endpoint=\"{ep}\"}} {}",
-                f(st, now_ms)
-            );
+            let _ = writeln!(out, "{name}{{upstream=\"{up}\",{ep}}} {}", f(st, now_ms));
         }
     }
 }
