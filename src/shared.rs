@@ -82,7 +82,33 @@ impl<'a> StateBook<'a> {
                     .find(|e| e.addr == addr && e.authority == *authority)
                     .map(|e| e.state.clone())
             })
-            .unwrap_or_else(|| Arc::new(EndpointState::new(addr, authority.clone(), self.workers)))
+            .unwrap_or_else(|| {
+                let state = EndpointState::new(addr, authority.clone(), self.workers);
+                // A name drained as a whole (every address it had) stays drained for the
+                // addresses DNS adds to it later.
+                if self.name_drained(upstream, authority) {
+                    state
+                        .drained
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Arc::new(state)
+            })
+    }
+
+    /// Whether `previous` had addresses for `authority` in `upstream`, all drained.
+    fn name_drained(&self, upstream: &str, authority: &Arc<str>) -> bool {
+        let Some((p, i)) = self.previous_index(upstream) else {
+            return false;
+        };
+        let mut same_name = p
+            .endpoints
+            .get(i)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.authority == *authority)
+            .peekable();
+        same_name.peek().is_some()
+            && same_name.all(|e| e.state.drained.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 

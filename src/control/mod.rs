@@ -474,6 +474,53 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_name_keeps_its_drain_for_addresses_dns_adds() {
+        let gen = crate::config::compile(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"a\"\nendpoints = [\"api.internal:80\", \"web.internal:80\"]\n",
+            "t",
+        )
+        .unwrap();
+        let book = StateBook::new(None, 1);
+        let (api, web): (Arc<str>, Arc<str>) =
+            (Arc::from("api.internal:80"), Arc::from("web.internal:80"));
+        let endpoint = |book: &StateBook<'_>, addr: &str, authority: &Arc<str>| {
+            let addr = addr.parse().unwrap();
+            ResolvedEndpoint {
+                addr,
+                state: book.endpoint("a", addr, authority),
+                authority: authority.clone(),
+                weight: 1,
+            }
+        };
+        let table = vec![vec![
+            endpoint(&book, "10.0.0.1:80", &api),
+            endpoint(&book, "10.0.0.2:80", &api),
+            endpoint(&book, "10.0.1.1:80", &web),
+            endpoint(&book, "10.0.1.2:80", &web),
+        ]];
+        // The operator drains the name `api.internal:80` (both addresses) and one address
+        // of `web.internal:80`.
+        for e in &table[0][..3] {
+            e.state.drained.store(true, Ordering::Relaxed);
+        }
+        let published = Published::new(1, Arc::new(gen), table, &book);
+        let book2 = StateBook::new(Some(&published), 1);
+        assert!(endpoint(&book2, "10.0.0.3:80", &api)
+            .state
+            .drained
+            .load(Ordering::Relaxed));
+        assert!(!endpoint(&book2, "10.0.1.3:80", &web)
+            .state
+            .drained
+            .load(Ordering::Relaxed));
+        let other: Arc<str> = Arc::from("new.internal:80");
+        assert!(!endpoint(&book2, "10.0.2.1:80", &other)
+            .state
+            .drained
+            .load(Ordering::Relaxed));
+    }
+
+    #[test]
     fn unresolvable_name_is_an_error_at_start_and_stale_after() {
         let gen = crate::config::compile(
             "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"a\"\nendpoints = [\"no-such-host.invalid:80\"]\n",
