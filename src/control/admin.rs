@@ -128,6 +128,11 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
             "{\"error\":{\"code\":\"method_not_allowed\",\"message\":\"use POST\"}}",
         ),
         (Method::Get, b"/-/upstreams") => reply(&mut stream, 200, &upstreams_json(shared)),
+        (_, b"/-/upstreams") => reply(
+            &mut stream,
+            405,
+            "{\"error\":{\"code\":\"method_not_allowed\",\"message\":\"use GET\"}}",
+        ),
         (method, p) if p.starts_with(b"/-/upstreams/") => {
             let (status, body) = drain_request(shared, method, &p[b"/-/upstreams/".len()..]);
             reply(&mut stream, status, &body);
