@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -295,4 +295,66 @@ fn health_checks_of_a_tls_upstream_speak_tls() {
         "ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{origin}\",authority=\"{origin}\"}}"
     );
     assert_eq!(metrics(p.addr).get(&key).copied(), Some(1.0));
+}
+
+#[test]
+fn a_tls_endpoint_that_never_answers_the_handshake_fails_its_health_probes() {
+    // Accepts, reads the ClientHello and says nothing: the probe's handshake must time out
+    // (it held the health thread, and every other endpoint's checks, forever).
+    let silent = raw_origin(|mut s| {
+        let mut b = [0u8; 1024];
+        while matches!(s.read(&mut b), Ok(n) if n > 0) {}
+    });
+    let p = proxy(
+        silent,
+        "{ insecure_skip_verify = true }",
+        "health_check = { interval = \"50ms\", timeout = \"300ms\", healthy_threshold = 1, unhealthy_threshold = 2 }",
+    );
+    let key = format!(
+        "ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{silent}\",authority=\"{silent}\"}}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || metrics(p.addr)
+            .get(&key)
+            .copied()
+            == Some(0.0)),
+        "{:?}",
+        metrics(p.addr).get(&key)
+    );
+}
+
+#[test]
+fn a_tls_upstream_closing_without_close_notify_ends_a_close_delimited_body() {
+    let (_, _, chain, key) = Ca::new().leaf(&["origin.test"]);
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                if read_request(&mut BufReader::new(&mut tls), 0).is_none() {
+                    return;
+                }
+                let _ =
+                    tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it");
+                let _ = tls.flush();
+                // The body ends with the TCP connection, and no close_notify (as many
+                // servers do).
+                let _ = tls.sock.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    let p = proxy(origin, "{ insecure_skip_verify = true }", "");
+    let r = p.connect().get("/");
+    assert_eq!((r.status, r.text()), (200, "all of it".to_string()));
 }

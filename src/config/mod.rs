@@ -799,3 +799,26 @@ pub fn describe_route(gen: &Generation, r: &crate::route::Route) -> String {
     }
     s
 }
+
+/// What identifies a version of a watched file (the config, a certificate or key): a rename
+/// over it changes the inode, an in-place write the change time (nanoseconds), even at the
+/// same size and modification second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    inode: u64,
+    changed: (i64, i64),
+}
+
+/// The stamp of the file at `path` now (`None` when it cannot be read).
+pub fn stamp(path: &std::path::Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+        inode: meta.ino(),
+        changed: (meta.ctime(), meta.ctime_nsec()),
+    })
+}

@@ -352,11 +352,18 @@ fn compile_tls(
             ));
         }
         for n in cr.names.get_ref() {
+            // Names a client's SNI can match: no port, no trailing dot (SNI carries none),
+            // `*` only as a whole leading label, and no IP address (never sent as SNI).
             let bare = n.strip_prefix("*.").unwrap_or(n);
-            if bare.is_empty() || !valid_host(bare.as_bytes()) || bare.contains(':') {
+            if bare.is_empty()
+                || !valid_host(bare.as_bytes())
+                || bare.contains([':', '*'])
+                || bare.ends_with('.')
+                || bare.parse::<std::net::IpAddr>().is_ok()
+            {
                 return Err(ctx.error(
                     cr.names.span(),
-                    format!("`{n}` is not a host name (or `*.` and one)"),
+                    format!("`{n}` is not a host name (or `*.` and one) a client can send as SNI"),
                 ));
             }
         }
@@ -1390,6 +1397,45 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.http.limits.max_request_line_bytes, 65535);
+    }
+
+    #[test]
+    fn sni_names_a_client_cannot_send_are_refused() {
+        let tls = |name: &str| {
+            format!(
+                "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[listeners.tls]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
+                 [[listeners.tls.sni]]\nnames = [\"{name}\"]\ncert = \"a.pem\"\nkey = \"a.key\"\n"
+            )
+        };
+        for bad in [
+            "api.example.com.",
+            "a*.example.com",
+            "*.*.example.com",
+            "10.0.0.1",
+            "a.test:443",
+            "*",
+        ] {
+            let e = err(&tls(bad));
+            assert!(e.to_string().contains("SNI"), "{bad}: {e}");
+        }
+        // Good names get as far as reading their (missing) files.
+        for good in ["api.example.com", "*.example.com"] {
+            let e = err(&tls(good));
+            assert!(!e.to_string().contains("SNI"), "{good}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_upstream_server_name_must_be_a_name() {
+        let up = |name: &str| {
+            format!(
+                "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\"]\n\
+                 tls = {{ server_name = \"{name}\", insecure_skip_verify = true }}\n"
+            )
+        };
+        let e = err(&up("api.example.com:443"));
+        assert!(e.to_string().contains("server_name"), "{e}");
+        compile(&up("api.example.com"), "t.toml").unwrap();
     }
 
     #[test]

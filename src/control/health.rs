@@ -189,7 +189,12 @@ fn exchange<S: Read + Write>(
             .filter(|d| !d.is_zero())
             .ok_or_else(|| "timed out".to_string())
     };
+    // Both directions are bounded before the first write: over TLS that write runs the
+    // handshake, which reads (a peer that accepts and never answers would hold the probe,
+    // and with it the round and the health thread, forever).
     sock.set_write_timeout(Some(left()?))
+        .map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(left()?))
         .map_err(|e| e.to_string())?;
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: ringway-health-check\r\nConnection: close\r\n\r\n",

@@ -13,13 +13,13 @@ pub mod admin;
 pub mod health;
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use crate::config::{compile, hash_text, EndpointSpec, Generation};
+use crate::config::{compile, hash_text, stamp, EndpointSpec, FileStamp, Generation};
 use crate::net::bind_group;
 use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
 use crate::worker::WorkerCommand;
@@ -126,28 +126,6 @@ const FILE_POLL: Duration = Duration::from_secs(1);
 /// resolve, a port not yet free), the reload is tried again after this long.
 const RELOAD_RETRY: Duration = Duration::from_secs(10);
 
-/// What identifies a version of the config file: a rename over it changes the inode, an
-/// in-place write the change time (nanoseconds), even at the same size and modification
-/// second.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileStamp {
-    modified: Option<SystemTime>,
-    len: u64,
-    inode: u64,
-    changed: (i64, i64),
-}
-
-fn stamp(path: &Path) -> Option<FileStamp> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some(FileStamp {
-        modified: meta.modified().ok(),
-        len: meta.len(),
-        inode: meta.ino(),
-        changed: (meta.ctime(), meta.ctime_nsec()),
-    })
-}
-
 /// The control thread's state.
 #[derive(Debug)]
 pub struct Control {
@@ -169,13 +147,14 @@ pub struct Control {
     cert_files: Vec<(PathBuf, Option<FileStamp>)>,
 }
 
-/// The certificate files `gen` reads, stamped now.
+/// The certificate files `gen` read, stamped before they were read (a file replaced while
+/// the config compiled then differs from its stamp at the next poll, not only at its next
+/// change).
 fn cert_files(gen: &Generation) -> Vec<(PathBuf, Option<FileStamp>)> {
     gen.listeners
         .iter()
         .filter_map(|l| l.tls.as_ref())
-        .flat_map(|t| t.files.iter())
-        .map(|f| (f.clone(), stamp(f)))
+        .flat_map(|t| t.files.iter().cloned())
         .collect()
 }
 

@@ -32,11 +32,16 @@ pub struct UpstreamTls {
     pub config: Arc<ClientConfig>,
     /// See [`UpstreamTlsSpec::server_name`].
     pub server_name: Option<String>,
+    /// A digest of everything a connection made with these settings depends on: the spec,
+    /// the ALPN list and the bytes of the trust anchors and client certificate and key as
+    /// read. Equal across reloads when nothing changed (connections stay pooled), different
+    /// when a file was rotated in place.
+    pub fingerprint: u64,
 }
 
 impl PartialEq for UpstreamTls {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::eq(self, other)
+        self.fingerprint == other.fingerprint
     }
 }
 
@@ -57,6 +62,14 @@ impl UpstreamTls {
 
 /// Builds the client config; `alpn` lists the protocols offered.
 pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, String> {
+    use std::hash::{Hash, Hasher};
+    if let Some(name) = &spec.server_name {
+        ServerName::try_from(name.as_str())
+            .map_err(|_| format!("tls.server_name `{name}` is not a DNS name or IP address"))?;
+    }
+    // Deterministic within the process, which is all the comparison needs.
+    let mut digest = std::hash::DefaultHasher::new();
+    (spec.insecure_skip_verify, &spec.server_name, alpn).hash(&mut digest);
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -74,6 +87,7 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
                 {
                     let cert =
                         cert.map_err(|e| format!("invalid ca_file {}: {e}", path.display()))?;
+                    cert.as_ref().hash(&mut digest);
                     roots
                         .add(cert)
                         .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
@@ -82,6 +96,7 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
             None => {
                 let found = rustls_native_certs::load_native_certs();
                 for cert in found.certs {
+                    cert.as_ref().hash(&mut digest);
                     let _ = roots.add(cert);
                 }
             }
@@ -100,6 +115,10 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
                 .map_err(|e| format!("invalid client_cert {}: {e}", cert.display()))?;
             let key = PrivateKeyDer::from_pem_file(key)
                 .map_err(|e| format!("cannot read client_key {}: {e}", key.display()))?;
+            for c in &chain {
+                c.as_ref().hash(&mut digest);
+            }
+            key.secret_der().hash(&mut digest);
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| format!("client certificate: {e}"))?
@@ -109,6 +128,7 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
     Ok(UpstreamTls {
         config: Arc::new(config),
         server_name: spec.server_name.clone(),
+        fingerprint: digest.finish(),
     })
 }
 

@@ -33,8 +33,9 @@ pub struct TlsListener {
     pub strict_sni: bool,
     /// Time a client has to complete the handshake.
     pub handshake_timeout: Duration,
-    /// Certificate and key files (watched for changes).
-    pub files: Vec<PathBuf>,
+    /// Certificate and key files (watched for changes), each stamped just before it was
+    /// read.
+    pub files: Vec<(PathBuf, Option<crate::config::FileStamp>)>,
 }
 
 /// Two listeners' TLS settings are the same when they are the same compiled object.
@@ -102,13 +103,22 @@ fn load_cert(spec: &CertSpec, provider: &CryptoProvider) -> Result<Arc<Certified
 /// Builds a listener's TLS config; the error names the file at fault.
 pub fn build(spec: &TlsSpec) -> Result<TlsListener, String> {
     let provider = provider();
+    let mut files = Vec::with_capacity(2 + 2 * spec.sni.len());
+    let mut stamp_pair = |c: &CertSpec| {
+        for f in [&c.cert, &c.key] {
+            files.push((f.clone(), crate::config::stamp(f)));
+        }
+    };
+    stamp_pair(&spec.default);
+    for c in &spec.sni {
+        stamp_pair(c);
+    }
     let default = load_cert(&spec.default, &provider)?;
     let mut resolver = SniResolver {
         exact: HashMap::new(),
         wildcard: HashMap::new(),
         default,
     };
-    let mut files = vec![spec.default.cert.clone(), spec.default.key.clone()];
     for c in &spec.sni {
         let ck = load_cert(c, &provider)?;
         for name in &c.names {
@@ -118,8 +128,6 @@ pub fn build(spec: &TlsSpec) -> Result<TlsListener, String> {
                 None => resolver.exact.insert(name, ck.clone()),
             };
         }
-        files.push(c.cert.clone());
-        files.push(c.key.clone());
     }
     let versions: &[&rustls::SupportedProtocolVersion] = if spec.min_version_13 {
         &[&rustls::version::TLS13]

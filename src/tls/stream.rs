@@ -99,8 +99,10 @@ impl TlsReadHalf {
         if self.pos < self.cipher.len() {
             return true;
         }
+        // A close_notify taken in with the end of the response: the peer is done with the
+        // connection (a socket check sees nothing until its FIN arrives).
         match self.tls.borrow_mut().process_new_packets() {
-            Ok(state) => state.plaintext_bytes_to_read() > 0,
+            Ok(state) => state.plaintext_bytes_to_read() > 0 || state.peer_has_closed(),
             Err(_) => true,
         }
     }
@@ -150,6 +152,11 @@ impl TlsReadHalf {
                     }
                     return (Ok(n), buf);
                 }
+                // The peer closed the connection without `close_notify`: its end of stream,
+                // as over TCP. Many servers do (and nginx and HAProxy take it so); framed
+                // bodies still see their own truncation, and a close-delimited body ending
+                // this way is relayed as complete, as those proxies do.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return (Ok(0), buf),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.eof {
                         return (Ok(0), buf);

@@ -317,6 +317,12 @@ impl Endpoints for View<'_> {
     }
 }
 
+/// Whether a connection made for upstream config `a` may serve requests of `b` (the same
+/// upstream in another generation): same protocol, and the same TLS settings by content.
+pub fn same_connections(a: &UpstreamConfig, b: &UpstreamConfig) -> bool {
+    a.protocol == b.protocol && a.tls == b.tls
+}
+
 impl UpstreamRt {
     /// The runtime state for `cfg` with its resolved `endpoints` and cross-core `shared`
     /// state, on worker `worker`; adopts what `previous` (the same upstream in the previous
@@ -336,14 +342,7 @@ impl UpstreamRt {
             .unwrap_or_default();
         // Connections made under another protocol or TLS setting (TLS turned on, another CA,
         // verification turned back on) must not serve the new generation's requests.
-        let reconnect = previous.is_some_and(|p| {
-            p.cfg.protocol != cfg.protocol
-                || match (&p.cfg.tls, &cfg.tls) {
-                    (None, None) => false,
-                    (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
-                    _ => true,
-                }
-        });
+        let reconnect = previous.is_some_and(|p| !same_connections(&p.cfg, cfg));
         if reconnect {
             for ep in &carried {
                 ep.idle.borrow_mut().clear();

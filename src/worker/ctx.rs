@@ -288,11 +288,20 @@ impl Worker {
             }
             return;
         }
-        let Some(name) = cg.gen.upstreams.get(index).map(|u| u.name.as_str()) else {
+        let Some(old) = cg.gen.upstreams.get(index) else {
             return;
         };
-        if let Some(j) = current.gen.upstreams.iter().position(|u| u.name == name) {
-            current.upstreams[j].release(conn, now);
+        // A connection made under other settings (protocol, TLS: a rotated client
+        // certificate, a new CA, verification turned on) closes instead.
+        if let Some(j) = current
+            .gen
+            .upstreams
+            .iter()
+            .position(|u| u.name == old.name)
+        {
+            if crate::upstream::same_connections(old, &current.gen.upstreams[j]) {
+                current.upstreams[j].release(conn, now);
+            }
         }
     }
 
