@@ -465,3 +465,46 @@ fn a_reload_refused_for_a_port_in_use_is_tried_again_by_itself() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn raising_max_connections_by_reload_lets_a_worker_at_its_cap_accept_again() {
+    let base = BASE.replace("workers = 2", "workers = 1");
+    let dir = Dir::new("cap");
+    let capped = |n: u32| {
+        format!(
+            "{base}[http]\nmax_connections = {n}\n{}",
+            respond_route("/", "ok")
+        )
+    };
+    let (server, addr) = start(&dir, &capped(2));
+    let mut held: Vec<Client> = (0..2).map(|_| Client::connect(addr)).collect();
+    for c in &mut held {
+        assert_eq!(c.get("/").status, 200);
+    }
+    // At the cap: a third connection waits in the backlog, unanswered.
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(third.read(&mut byte).is_err(), "answered above the cap");
+    // A reload raising the cap: the worker takes it without any connection closing.
+    dir.write(&capped(10));
+    let (status, body) = admin_post(server.admin_addr().unwrap(), "/-/reload");
+    assert_eq!(status, 200, "{body}");
+    third
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        match third.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => panic!("no answer after the reload: {other:?}"),
+        }
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+    drop(held);
+}

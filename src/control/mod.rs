@@ -305,11 +305,18 @@ impl Control {
         self.retry_at = None;
         self.shared
             .publish(Published::new(number, Arc::new(gen), endpoints, &book));
+        let published = self.shared.published.load_full();
         for (group, configured) in added {
             self.bound.push((configured, group.addr));
             tracing::info!(listener = %group.addr, "listener added");
+            let tls = published
+                .gen
+                .listeners
+                .iter()
+                .find(|l| l.address == configured)
+                .and_then(|l| l.tls.clone());
             for (tx, socket) in self.workers.iter().zip(group.sockets) {
-                let _ = tx.send(WorkerCommand::Listen(socket, configured));
+                let _ = tx.send(WorkerCommand::Listen(socket, configured, tls.clone()));
             }
         }
         for configured in removed {

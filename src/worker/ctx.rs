@@ -26,6 +26,7 @@ use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
 use crate::route::{Action, PathRewrite, RewriteScratch};
 use crate::shared::{Published, Shared};
+use crate::tls::TlsListener;
 use crate::upstream::{UpConn, UpstreamRt, UpstreamState};
 
 /// Slack added to `max_head_bytes` for a block: the rewritten request head carries a few
@@ -40,12 +41,16 @@ pub const BODY_BLOCK_BYTES: usize = 64 * 1024;
 /// Length of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
 const DATE_LEN: usize = 29;
 
+/// A socket to start accepting on: the socket, its configured address, its TLS settings.
+pub type NewListener = (std::net::TcpListener, SocketAddr, Option<Arc<TlsListener>>);
+
 /// What the control thread asks of a worker besides a new generation.
 #[derive(Debug)]
 pub enum WorkerCommand {
     /// Start accepting on this socket (a listener added by a reload), configured as this
-    /// address.
-    Listen(std::net::TcpListener, SocketAddr),
+    /// address, with these TLS settings (the reload's: the worker may not have installed
+    /// that generation yet).
+    Listen(std::net::TcpListener, SocketAddr, Option<Arc<TlsListener>>),
     /// Stop accepting on this address (a listener removed by a reload); its connections finish.
     Unlisten(SocketAddr),
 }
@@ -130,16 +135,29 @@ pub struct ListenerSlot {
     /// Fired to stop the accept loop.
     pub stop: Event,
     stopped: Cell<bool>,
+    /// The listener's TLS settings when its loop started: what the connections it still
+    /// takes after a reload removed it are served with.
+    tls: Option<Arc<TlsListener>>,
 }
 
 impl ListenerSlot {
-    /// A slot for `addr`, configured as `configured`.
-    pub fn new(addr: SocketAddr, configured: SocketAddr) -> Self {
+    /// A slot for `addr`, configured as `configured` with `tls`.
+    pub fn new(addr: SocketAddr, configured: SocketAddr, tls: Option<Arc<TlsListener>>) -> Self {
         ListenerSlot {
             addr,
             configured,
             stop: Event::default(),
             stopped: Cell::new(false),
+            tls,
+        }
+    }
+
+    /// The TLS settings for a connection accepted now: the listener's in `gen` (a reload may
+    /// change certificates), or those it started with when `gen` no longer has it.
+    pub fn tls_in(&self, gen: &Generation) -> Option<Arc<TlsListener>> {
+        match gen.listeners.iter().find(|l| l.address == self.configured) {
+            Some(l) => l.tls.clone(),
+            None => self.tls.clone(),
         }
     }
 
@@ -256,8 +274,13 @@ impl Worker {
     }
 
     /// Tracks a new accept loop.
-    pub fn add_listener(&self, addr: SocketAddr, configured: SocketAddr) -> Rc<ListenerSlot> {
-        let slot = Rc::new(ListenerSlot::new(addr, configured));
+    pub fn add_listener(
+        &self,
+        addr: SocketAddr,
+        configured: SocketAddr,
+        tls: Option<Arc<TlsListener>>,
+    ) -> Rc<ListenerSlot> {
+        let slot = Rc::new(ListenerSlot::new(addr, configured, tls));
         self.listeners.borrow_mut().push(slot.clone());
         slot
     }
@@ -350,7 +373,7 @@ impl Worker {
     /// Periodic housekeeping: clock, shutdown flag, new generations and endpoints, idle pool
     /// reaping, listener changes. Returns the sockets of listeners to start accepting on, with
     /// their configured addresses.
-    pub fn tick(&self) -> Vec<(std::net::TcpListener, SocketAddr)> {
+    pub fn tick(&self) -> Vec<NewListener> {
         self.clock.set(Instant::now());
         self.refresh_date();
         let version = self.shared.version.load(Ordering::Acquire);
@@ -361,6 +384,9 @@ impl Worker {
             if published.number != current.number {
                 let next = CoreGen::new(&published, self.id, Some(&current));
                 *self.current.borrow_mut() = Rc::new(next);
+                // Accept loops waiting for room below the connection cap check again: a
+                // raised `max_connections` makes room no connection's close announces.
+                self.slots.notify_all();
                 self.metrics()
                     .generation
                     .store(published.number, Ordering::Relaxed);
@@ -390,10 +416,10 @@ impl Worker {
         let mut new_sockets = Vec::new();
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
-                WorkerCommand::Listen(s, configured) => new_sockets.push((s, configured)),
+                WorkerCommand::Listen(s, configured, tls) => new_sockets.push((s, configured, tls)),
                 WorkerCommand::Unlisten(addr) => {
                     // A socket added by an earlier reload in this same tick never starts.
-                    new_sockets.retain(|(s, _): &(std::net::TcpListener, SocketAddr)| {
+                    new_sockets.retain(|(s, _, _): &NewListener| {
                         s.local_addr().map_or(true, |a| a != addr)
                     });
                     self.listeners.borrow_mut().retain(|l| {

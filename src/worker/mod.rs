@@ -28,6 +28,11 @@ pub const TICK: Duration = Duration::from_millis(25);
 /// Longest a draining accept loop waits for more already-queued connections.
 const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(2);
 
+/// Longest a stopped accept loop goes on taking queued connections in all: new ones keep
+/// arriving while the socket is open, and under steady traffic the per-accept wait alone
+/// would never end (nor would the shutdown deadline, counted from the loops' end, start).
+const BACKLOG_DRAIN_TOTAL: Duration = Duration::from_millis(100);
+
 /// Pause after an accept error (EMFILE, ENFILE, ...) before trying again.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
@@ -42,8 +47,14 @@ pub async fn serve(
     let w = Rc::new(Worker::new(id, shared, commands));
     let mut listeners = Vec::with_capacity(sockets.len());
     for (s, configured) in sockets {
+        let tls = w
+            .gen()
+            .listeners
+            .iter()
+            .find(|l| l.address == configured)
+            .and_then(|l| l.tls.clone());
         match register(s) {
-            Ok((l, addr)) => listeners.push((l, addr, configured)),
+            Ok((l, addr)) => listeners.push((l, addr, configured, tls)),
             Err(e) => {
                 ready(Err(format!("worker {id}: cannot register a listener: {e}")));
                 return;
@@ -53,16 +64,16 @@ pub async fn serve(
     ready(Ok(()));
     let mut accepts: Vec<_> = listeners
         .into_iter()
-        .map(|(l, addr, configured)| spawn_accept(&w, l, addr, configured))
+        .map(|(l, addr, configured, tls)| spawn_accept(&w, l, addr, configured, tls))
         .collect();
 
     while !w.draining() {
         monoio::time::sleep(TICK).await;
-        for (s, configured) in w.tick() {
+        for (s, configured, tls) in w.tick() {
             match register(s) {
                 Ok((l, addr)) => {
                     tracing::info!(worker = id, listener = %addr, "listening");
-                    accepts.push(spawn_accept(&w, l, addr, configured));
+                    accepts.push(spawn_accept(&w, l, addr, configured, tls));
                 }
                 Err(e) => {
                     tracing::error!(worker = id, error = %e, "cannot register a new listener")
@@ -97,8 +108,9 @@ fn spawn_accept(
     l: TcpListener,
     addr: SocketAddr,
     configured: SocketAddr,
+    tls: Option<Arc<crate::tls::TlsListener>>,
 ) -> monoio::task::JoinHandle<()> {
-    let slot = w.add_listener(addr, configured);
+    let slot = w.add_listener(addr, configured, tls);
     monoio::spawn(accept_loop(w.clone(), l, slot))
 }
 
@@ -127,9 +139,13 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
     }
     // Connections the kernel already queued on this socket would be reset when it closes:
     // take them and answer their first request (with `Connection: close` when draining).
-    while let Ok(Ok((stream, peer))) =
-        monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
-    {
+    let drain_until = Instant::now() + BACKLOG_DRAIN_TOTAL;
+    while Instant::now() < drain_until {
+        let Ok(Ok((stream, peer))) =
+            monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
+        else {
+            break;
+        };
         spawn_connection(&w, &slot, stream, peer);
     }
     tracing::debug!(worker = w.id, listener = %slot.addr, "stopped accepting");
@@ -145,13 +161,7 @@ fn spawn_connection(
     // the spawned tasks first run.
     w.connection_opened();
     // The generation in force decides TLS (a reload may add or change certificates).
-    let tls = w
-        .current()
-        .gen
-        .listeners
-        .iter()
-        .find(|l| l.address == slot.configured)
-        .and_then(|l| l.tls.clone());
+    let tls = slot.tls_in(&w.current().gen);
     let w = w.clone();
     runtime::spawn_large(move || crate::proxy::serve_connection(w, stream, peer, tls));
 }
