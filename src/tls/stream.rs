@@ -10,8 +10,8 @@
 //! The TCP stream is split at once and the rustls state sits in an `Rc<RefCell<_>>` borrowed
 //! only between awaits, so the stream can be split again into a read half and a write half
 //! for tunnels (each half owns its own socket half and buffers). Plaintext is copied out of a
-//! per-connection scratch buffer into the caller's block with a raw copy, so no reference to
-//! the block's uninitialized spare bytes is ever made.
+//! per-thread scratch buffer into the caller's block with a raw copy, so no reference to the
+//! block's uninitialized spare bytes is ever made.
 //!
 //! A write cancelled half-way (a timeout) leaves the TLS record stream cut: the write half is
 //! then marked broken and fails every later call.
@@ -33,6 +33,17 @@ use monoio::BufResult;
 const CIPHER_READ: usize = 17 * 1024;
 /// Plaintext scratch: one TLS record's worth.
 const PLAIN_SCRATCH: usize = 16 * 1024;
+/// Ciphertext output buffer a connection keeps between writes; one that grew past it for a
+/// large write is given back at the next small one (an idle keep-alive or pooled connection
+/// holds no more).
+const OUT_KEEP: usize = 4 * 1024;
+
+thread_local! {
+    /// The plaintext scratch, one per thread: rustls's reader fills it and the bytes are
+    /// copied on at once, with no await in between, so every TLS connection of a worker
+    /// shares it (16 KiB less per connection).
+    static PLAIN: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; PLAIN_SCRATCH].into_boxed_slice());
+}
 
 type Tls = Rc<RefCell<rustls::Connection>>;
 
@@ -42,7 +53,6 @@ pub struct TlsReadHalf {
     io: OwnedReadHalf<TcpStream>,
     cipher: Vec<u8>,
     pos: usize,
-    plain: Box<[u8]>,
     eof: bool,
 }
 
@@ -134,24 +144,27 @@ impl TlsReadHalf {
 
     /// Reads plaintext into `buf`'s spare bytes.
     async fn read_plain<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
-        let cap = buf.bytes_total().min(self.plain.len());
+        let cap = buf.bytes_total().min(PLAIN_SCRATCH);
         if cap == 0 {
             return (Ok(0), buf);
         }
         loop {
-            let r = self.tls.borrow_mut().reader().read(&mut self.plain[..cap]);
-            match r {
-                Ok(n) => {
+            let r = PLAIN.with_borrow_mut(|plain| {
+                let r = self.tls.borrow_mut().reader().read(&mut plain[..cap]);
+                if let Ok(n) = r {
                     // SAFETY: `n <= cap <= buf.bytes_total()` bytes are writable at
                     // `write_ptr` (IoBufMut's contract), the source is our own initialized
-                    // scratch, and the two do not overlap; `set_init` then covers exactly them.
+                    // scratch, and the two do not overlap; `set_init` then covers exactly
+                    // them.
                     unsafe {
-                        buf.write_ptr()
-                            .copy_from_nonoverlapping(self.plain.as_ptr(), n);
+                        buf.write_ptr().copy_from_nonoverlapping(plain.as_ptr(), n);
                         buf.set_init(n);
                     }
-                    return (Ok(n), buf);
                 }
+                r
+            });
+            match r {
+                Ok(n) => return (Ok(n), buf),
                 // The peer closed the connection without `close_notify`: its end of stream,
                 // as over TCP. Many servers do (and nginx and HAProxy take it so); framed
                 // bodies still see their own truncation, and a close-delimited body ending
@@ -193,10 +206,15 @@ impl TlsWriteHalf {
                 }
             }
             let v = std::mem::take(&mut self.out);
+            let small = v.len() <= OUT_KEEP;
             self.broken = true;
             let (res, v) = self.io.write_all(v).await;
             self.broken = false;
-            self.out = v;
+            self.out = if small && v.capacity() > OUT_KEEP {
+                Vec::new()
+            } else {
+                v
+            };
             res?;
         }
     }
@@ -260,7 +278,6 @@ impl TlsStream {
                 io: r,
                 cipher: Vec::new(),
                 pos: 0,
-                plain: vec![0u8; PLAIN_SCRATCH].into_boxed_slice(),
                 eof: false,
             },
             w: TlsWriteHalf {
