@@ -1,0 +1,111 @@
+"""Memory per idle keep-alive connection: ringway's RSS growth over N idle connections.
+
+    python3 loadtest/idle_rss.py [--conns 2000] [--binary target/release/ringway]
+
+Starts the project's origin and ringway (loadtest/ringway.toml), opens N cleartext
+connections that each make one request and then sit idle, and reads ringway's VmRSS; then
+the same over TLS with a fresh ringway. Prints the growth per connection in KiB. Build first
+(`cargo build --release --bin ringway --example origin`). Everything runs on loopback,
+bounded by N; what it started is stopped and its temporary directory removed.
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import wait_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ORIGIN_PORT, PORT = 19500, 19501
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+    return 0
+
+
+def idle_growth(pid, n, connect):
+    """RSS growth per connection (KiB) over `n` connections made by `connect`, each idle
+    after one request."""
+    before = rss_kib(pid)
+    conns = []
+    try:
+        for _ in range(n):
+            c = connect()
+            c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            c.recv(4096)
+            conns.append(c)
+        time.sleep(0.5)
+        return (rss_kib(pid) - before) / n
+    finally:
+        for c in conns:
+            c.close()
+        time.sleep(0.5)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conns", type=int, default=2000)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ringway"))
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="ringway-idle-")
+    subprocess.run(
+        f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=localhost "
+        f"-addext subjectAltName=DNS:localhost -keyout {work}/key.pem -out {work}/cert.pem",
+        shell=True, check=True, stderr=subprocess.DEVNULL)
+    def config(port):
+        """A config on `port` (cleartext) and `port + 1` (TLS)."""
+        with open(os.path.join(HERE, "ringway.toml")) as f:
+            conf = (f.read().replace("{PORT}", str(port)).replace("{TLS_PORT}", str(port + 1))
+                    .replace("{ORIGIN}", f"127.0.0.1:{ORIGIN_PORT}").replace("{CPU}", "1").replace("{WORK}", work))
+        path = os.path.join(work, f"ringway-{port}.toml")
+        with open(path, "w") as f:
+            f.write(conf)
+        return path
+
+    origin = subprocess.Popen([os.path.join(ROOT, "target/release/examples/origin"), f"127.0.0.1:{ORIGIN_PORT}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    # A fresh process (on ports of its own: a killed ring lets go of its sockets a little
+    # later) for each kind: memory the first kind's connections gave back would be reused by
+    # the second's.
+    kinds = [
+        ("cleartext", PORT, lambda: socket.create_connection(("127.0.0.1", PORT))),
+        ("TLS", PORT + 10, lambda: ctx.wrap_socket(socket.create_connection(("127.0.0.1", PORT + 11)),
+                                                   server_hostname="localhost")),
+    ]
+    results = []
+    try:
+        for name, port, connect in kinds:
+            proxy = subprocess.Popen([args.binary, "--config", config(port)], stdout=subprocess.DEVNULL,
+                                     stderr=open(os.path.join(work, name + ".log"), "w"),
+                                     env=dict(os.environ, RUST_LOG="warn"))
+            try:
+                if not (wait_port(ORIGIN_PORT) and wait_port(port) and wait_port(port + 1)):
+                    sys.exit(f"ringway or the origin did not start; see {work}/{name}.log")
+                time.sleep(0.5)  # the workers take over the bound sockets
+                results.append(f"{name} {idle_growth(proxy.pid, args.conns, connect):.1f} KiB")
+            finally:
+                proxy.kill()
+                proxy.wait()
+        print(f"{os.path.basename(args.binary)}: {args.conns} idle keep-alive connections, RSS growth per "
+              f"connection: {', '.join(results)}")
+    finally:
+        origin.kill()
+        origin.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+if __name__ == "__main__":
+    main()
