@@ -1,4 +1,4 @@
-"""Helpers shared by the load test scripts: loopback HTTP/1.1 requests and port waits."""
+"""Helpers shared by the load test scripts: loopback HTTP/1.1 requests, port waits, RSS."""
 
 import socket
 import time
@@ -43,3 +43,15 @@ def wait_port(port, timeout=15):
         except OSError:
             time.sleep(0.02)
     return False
+
+
+def rss_kib(pid):
+    """The resident set size of process `pid`, in KiB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -19,19 +19,11 @@ import sys
 import tempfile
 import time
 
-from common import wait_port
+from common import rss_kib, wait_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ORIGIN_PORT, PORT = 19500, 19501
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1])
-    return 0
 
 
 def idle_growth(pid, n, connect):

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from common import wait_port
+from common import rss_kib, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "loadtest")
@@ -144,14 +144,6 @@ def machine_busy_s():
         parts = [int(x) for x in f.readline().split()[1:]]
     idle = parts[3] + parts[4]
     return (sum(parts) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def parse_wrk(text):
