@@ -62,6 +62,13 @@ pub struct Generation {
     pub routes: RouteTable,
 }
 
+impl Generation {
+    /// The listener configured at `address`.
+    pub fn listener(&self, address: std::net::SocketAddr) -> Option<&ListenerConfig> {
+        self.listeners.iter().find(|l| l.address == address)
+    }
+}
+
 /// `workers = N | "auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workers {

@@ -311,9 +311,7 @@ impl Control {
             tracing::info!(listener = %group.addr, "listener added");
             let tls = published
                 .gen
-                .listeners
-                .iter()
-                .find(|l| l.address == configured)
+                .listener(configured)
                 .and_then(|l| l.tls.clone());
             for (tx, socket) in self.workers.iter().zip(group.sockets) {
                 let _ = tx.send(WorkerCommand::Listen(socket, configured, tls.clone()));

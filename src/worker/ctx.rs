@@ -155,7 +155,7 @@ impl ListenerSlot {
     /// The TLS settings for a connection accepted now: the listener's in `gen` (a reload may
     /// change certificates), or those it started with when `gen` no longer has it.
     pub fn tls_in(&self, gen: &Generation) -> Option<Arc<TlsListener>> {
-        match gen.listeners.iter().find(|l| l.address == self.configured) {
+        match gen.listener(self.configured) {
             Some(l) => l.tls.clone(),
             None => self.tls.clone(),
         }

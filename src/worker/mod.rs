@@ -47,12 +47,7 @@ pub async fn serve(
     let w = Rc::new(Worker::new(id, shared, commands));
     let mut listeners = Vec::with_capacity(sockets.len());
     for (s, configured) in sockets {
-        let tls = w
-            .gen()
-            .listeners
-            .iter()
-            .find(|l| l.address == configured)
-            .and_then(|l| l.tls.clone());
+        let tls = w.gen().listener(configured).and_then(|l| l.tls.clone());
         match register(s) {
             Ok((l, addr)) => listeners.push((l, addr, configured, tls)),
             Err(e) => {
