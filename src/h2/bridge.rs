@@ -71,18 +71,20 @@ impl Pipe {
         Poll::Pending
     }
 
-    /// Copies up to `dst.len()` held bytes into `dst` and drops them from the pipe (its
-    /// buffer stays, for the next bytes: no allocation per transfer).
-    fn copy_out(&mut self, dst: &mut [u8]) -> usize {
-        let n = dst.len().min(self.data.len());
-        dst[..n].copy_from_slice(&self.data[..n]);
+    /// The first `max` held bytes at most (taken out of the pipe by [`Pipe::consume`]).
+    fn front(&self, max: usize) -> &[u8] {
+        &self.data[..max.min(self.data.len())]
+    }
+
+    /// Drops the first `n` held bytes (its buffer stays, for the next bytes: no allocation
+    /// per transfer) and lets the writer go on.
+    fn consume(&mut self, n: usize) {
         if n == self.data.len() {
             self.data.clear();
         } else {
             self.data.advance(n);
         }
         self.wake_writer();
-        n
     }
 
     /// Moves every held byte to the end of `dst`: the buffers trade places when `dst` is
@@ -198,15 +200,18 @@ async fn read_into<T: IoBufMut>(pipes: &Shared, mut buf: T) -> BufResult<usize, 
     if !poll_fn(|cx| pipes.to_proxy.borrow_mut().poll_data(cx)).await {
         return (Ok(0), buf);
     }
-    // SAFETY: `bytes_total` bytes are writable at `write_ptr` (`IoBufMut`'s contract); the
-    // slice is written (by `copy_out`) before it is marked initialized, and it does not
-    // overlap the pipe's buffer.
-    let n = unsafe {
-        let dst = std::slice::from_raw_parts_mut(buf.write_ptr(), want);
-        let n = pipes.to_proxy.borrow_mut().copy_out(dst);
+    let mut pipe = pipes.to_proxy.borrow_mut();
+    let src = pipe.front(want);
+    let n = src.len();
+    // SAFETY: `n <= bytes_total` bytes are writable at `write_ptr` (`IoBufMut`'s contract);
+    // they are copied by raw pointer (no reference to possibly uninitialized memory is made)
+    // from the pipe's own buffer, which does not overlap, and only then marked initialized.
+    unsafe {
+        buf.write_ptr().copy_from_nonoverlapping(src.as_ptr(), n);
         buf.set_init(n);
-        n
-    };
+    }
+    pipe.consume(n);
+    drop(pipe);
     (Ok(n), buf)
 }
 
