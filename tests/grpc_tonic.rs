@@ -79,7 +79,8 @@ impl Seen {
     }
 }
 
-/// `/test.Echo/Unary`: echoes the text upper-cased; `n` > 0 makes it sleep `n` ms first.
+/// `/test.Echo/Unary`: echoes the text upper-cased; `n` > 0 makes it sleep `n` ms first. The
+/// end of each call (answered, or dropped by a reset) is recorded like a stream's.
 struct Unary(Seen);
 
 impl UnaryService<Msg> for Unary {
@@ -88,11 +89,15 @@ impl UnaryService<Msg> for Unary {
 
     fn call(&mut self, req: Request<Msg>) -> Self::Future {
         self.0.record(&req);
+        let seen = self.0.clone();
         Box::pin(async move {
             let m = req.into_inner();
+            let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let _end = EndOfStream(seen, answered.clone());
             if m.n > 0 {
                 tokio::time::sleep(Duration::from_millis(u64::from(m.n))).await;
             }
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(Response::new(msg(&m.text.to_uppercase(), m.n)))
         })
     }
@@ -487,6 +492,38 @@ fn a_cancelled_stream_is_cancelled_upstream_at_once() {
         assert!(
             at.duration_since(cancelled) < Duration::from_millis(1500),
             "the upstream stream ended {:?} after the cancel",
+            at.duration_since(cancelled)
+        );
+    });
+}
+
+#[test]
+fn a_unary_call_cancelled_before_its_answer_is_cancelled_upstream_at_once() {
+    // The server takes 3 s to answer; the client gives up after 300 ms. ringway resets the
+    // upstream stream then (the server's handler is dropped), not when the answer comes.
+    let seen = Seen::default();
+    let proxy = proxy_to(grpc_server(seen.clone()));
+    rt().block_on(async {
+        let mut c = client(proxy.addr).await;
+        c.ready().await.unwrap();
+        let call = c.unary::<Msg, Msg, _>(
+            Request::new(msg("slow", 3000)),
+            path("/test.Echo/Unary"),
+            ProstCodec::default(),
+        );
+        let gave_up = tokio::time::timeout(Duration::from_millis(300), call).await;
+        assert!(gave_up.is_err(), "no answer within 300 ms");
+        let cancelled = Instant::now();
+        let deadline = cancelled + Duration::from_secs(2);
+        while seen.1.lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ends = seen.1.lock().unwrap().clone();
+        let (at, answered) = *ends.first().expect("the server's handler ended");
+        assert!(!answered, "the call was cut short, not answered");
+        assert!(
+            at.duration_since(cancelled) < Duration::from_secs(1),
+            "the upstream call ended {:?} after the cancel",
             at.duration_since(cancelled)
         );
     });

@@ -492,11 +492,11 @@ fn get(
 }
 
 #[test]
-fn exchanges_of_reset_streams_count_against_the_stream_limit() {
+fn reset_streams_free_their_slots_when_their_exchanges_are_cancelled() {
     let origin = Origin::start(|r| {
         if r.target == "/slow" {
             Reply::Delay(
-                Duration::from_millis(800),
+                Duration::from_millis(1500),
                 Box::new(Reply::text(200, "slow")),
             )
         } else {
@@ -506,7 +506,9 @@ fn exchanges_of_reset_streams_count_against_the_stream_limit() {
     let proxy = Proxy::to(origin.addr, "[http2]\nmax_concurrent_streams = 4\n");
     rt().block_on(async {
         let c = h2c(proxy.addr).await;
-        // Open a slow exchange, wait until it reached the origin, reset it: four times.
+        // Open a slow exchange, wait until it reached the origin, reset it: four times, as
+        // many as the stream limit.
+        let started = std::time::Instant::now();
         for i in 1..=4 {
             let mut s = c.clone().ready().await.unwrap();
             let (resp, mut send) = get(&mut s, "http://x/slow", false);
@@ -519,18 +521,89 @@ fn exchanges_of_reset_streams_count_against_the_stream_limit() {
             send.send_reset(h2::Reason::CANCEL);
             drop(resp);
         }
-        // Their upstream exchanges still run: a fifth stream is refused (retryable), not
-        // turned into more upstream work.
-        let mut s = c.clone().ready().await.unwrap();
-        let (resp, _send) = get(&mut s, "http://x/fast", false);
-        let err = resp.await.expect_err("refused");
-        assert_eq!(err.reason(), Some(h2::Reason::REFUSED_STREAM), "{err}");
-        assert_eq!(origin.requests().len(), 4);
-        // Once they ended, streams are taken again.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Each reset ends its exchange at once (the upstream request is abandoned), so the
+        // streams are free again long before the origin would have answered; while an
+        // exchange runs, its stream still counts, however the client treated the stream.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut c = c.clone();
         let (status, _, body) = request(&mut c, "GET", "http://x/fast", None).await;
         assert_eq!((status, body.as_slice()), (200, &b"fast"[..]));
+        assert!(
+            started.elapsed() < Duration::from_millis(1400),
+            "answered only after {:?}: the cancelled exchanges held their streams",
+            started.elapsed()
+        );
+    });
+}
+
+#[test]
+fn a_reset_while_the_response_is_awaited_cancels_the_upstream_request() {
+    // An origin that takes one request, never answers, and reports when ringway closes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<&str>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let Ok((mut s, _)) = listener.accept() else {
+            return;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        }
+        let _ = tx.send("request");
+        let closed = match s.read(&mut buf) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        let _ = tx.send(if closed { "closed" } else { "open" });
+    });
+    // (the response timeout is 15 s by default)
+    let proxy = Proxy::to(addr, "");
+    rt().block_on(async {
+        let c = h2c(proxy.addr).await;
+        let mut s = c.clone().ready().await.unwrap();
+        let (resp, mut send) = get(&mut s, "http://x/never", false);
+        let next = |within: Duration| {
+            let rx = &rx;
+            async move {
+                let deadline = std::time::Instant::now() + within;
+                loop {
+                    if let Ok(m) = rx.try_recv() {
+                        return Some(m);
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        assert_eq!(next(Duration::from_secs(3)).await, Some("request"));
+        let cancelled = std::time::Instant::now();
+        send.send_reset(h2::Reason::CANCEL);
+        drop(resp);
+        assert_eq!(
+            next(Duration::from_secs(3)).await,
+            Some("closed"),
+            "the upstream connection of a cancelled request is closed"
+        );
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            cancelled.elapsed()
+        );
+        // The client's connection serves on.
+        let mut c2 = c.clone().ready().await.unwrap();
+        let (resp, _send) = get(&mut c2, "http://x/again", false);
+        let resp = resp.await.expect("an answer, not a broken connection");
+        // (the origin is gone by now: an error status)
+        assert!(resp.status().is_server_error(), "{}", resp.status());
     });
 }
 

@@ -38,6 +38,8 @@ struct Pipe {
     aborted: bool,
     read_waker: Option<Waker>,
     write_waker: Option<Waker>,
+    /// Woken when the reader goes (a [`GoneWatch`] on the response direction).
+    gone_waker: Option<Waker>,
 }
 
 impl Pipe {
@@ -110,6 +112,15 @@ impl Pipe {
             w.wake();
         }
     }
+
+    /// The reader is gone: writes fail from now on, and whoever watches for that is woken.
+    fn close_reader(&mut self) {
+        self.reader_closed = true;
+        self.wake_writer();
+        if let Some(w) = self.gone_waker.take() {
+            w.wake();
+        }
+    }
 }
 
 /// Both directions, in one allocation.
@@ -158,6 +169,14 @@ impl VirtualConn {
     /// bidirectional calls). It reads the same bytes: one of the two reads at a time.
     pub fn reader(&self) -> VirtualReader {
         VirtualReader {
+            pipes: self.pipes.clone(),
+        }
+    }
+
+    /// A watch that turns ready once the HTTP/2 stream stops taking the response (the client
+    /// reset the stream or went away), usable while this connection is lent out.
+    pub fn gone_watch(&self) -> GoneWatch {
+        GoneWatch {
             pipes: self.pipes.clone(),
         }
     }
@@ -237,6 +256,50 @@ impl AsyncReadRent for VirtualConn {
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         readv_into(&self.pipes, buf).await
     }
+}
+
+/// Whether the HTTP/2 stream behind a [`VirtualConn`] still takes the response; see
+/// [`VirtualConn::gone_watch`].
+#[derive(Debug)]
+pub struct GoneWatch {
+    pipes: Shared,
+}
+
+impl GoneWatch {
+    /// `Ready` once the stream stopped taking the response; `Pending` (the waker kept) before.
+    pub fn poll_gone(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut p = self.pipes.from_proxy.borrow_mut();
+        if p.reader_closed {
+            return Poll::Ready(());
+        }
+        if !p
+            .gone_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            p.gone_waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs `fut` to its end, unless the client behind `gone` goes first (`None`; `fut` is
+/// dropped then). Without a watch (a real connection), it is `fut`.
+pub async fn unless_gone<F: std::future::Future>(
+    gone: Option<&GoneWatch>,
+    fut: F,
+) -> Option<F::Output> {
+    let Some(gone) = gone else {
+        return Some(fut.await);
+    };
+    let mut fut = std::pin::pin!(fut);
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        gone.poll_gone(cx).map(|()| None)
+    })
+    .await
 }
 
 /// The request direction of a [`VirtualConn`], apart from it (see [`VirtualConn::reader`]).
@@ -322,9 +385,8 @@ impl StreamEnd {
     /// Stops taking response bytes: the proxy's writes fail from now on.
     pub fn close_read(&self) {
         let mut p = self.pipes.from_proxy.borrow_mut();
-        p.reader_closed = true;
         p.data.clear();
-        p.wake_writer();
+        p.close_reader();
     }
 
     /// Whether the proxy marked its response as cut short (see [`VirtualConn::abort`]).
@@ -347,8 +409,6 @@ impl StreamEnd {
 impl Drop for StreamEnd {
     fn drop(&mut self) {
         self.close_write();
-        let mut p = self.pipes.from_proxy.borrow_mut();
-        p.reader_closed = true;
-        p.wake_writer();
+        self.pipes.from_proxy.borrow_mut().close_reader();
     }
 }

@@ -22,7 +22,9 @@ use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::task::Poll;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -133,8 +135,9 @@ where
         match next {
             Next::Stream(Some(Ok((req, mut respond)))) => {
                 // A stream the client reset is closed for h2 at once, but its exchange runs
-                // on until the upstream answers: the limit counts exchanges, so that opening
-                // and resetting streams in a loop cannot start unbounded upstream work.
+                // on until it notices (a wait for the response head ends at once; a connect
+                // runs to its end): the limit counts exchanges, so that opening and resetting
+                // streams in a loop cannot start unbounded upstream work.
                 if streams.active.get() >= max_streams {
                     respond.send_reset(h2::Reason::REFUSED_STREAM);
                     continue;
@@ -292,9 +295,9 @@ async fn stream(
     _guard: StreamGuard,
 ) {
     let (parts, mut body) = req.into_parts();
-    // Upgrades cannot be tunnelled the HTTP/1.1 way over HTTP/2 (RFC 9113 §8.6), and
-    // extended CONNECT is not offered.
-    if parts.method == http::Method::CONNECT || parts.headers.contains_key(http::header::UPGRADE) {
+    // Extended CONNECT (the HTTP/2 way to tunnel) is not offered. (An `upgrade` field never
+    // gets here: h2 resets a stream carrying one as malformed, RFC 9113 §8.2.2.)
+    if parts.method == http::Method::CONNECT {
         local_error(
             &mut respond,
             &w,
@@ -329,20 +332,8 @@ async fn stream(
     let proxy = crate::proxy::serve_virtual(w.clone(), vconn, info.peer, info.strict_sni);
     let mut proxy = std::pin::pin!(proxy);
     let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
-    // A gRPC call may wait long for its answer: a client's cancel is watched for from the
-    // start (for other requests, once the response streams; watching costs a little).
-    let grpc = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
     let send_timeout = w.current().gen.http.send_timeout;
-    let mut down = std::pin::pin!(relay_response(
-        &end,
-        respond,
-        head_request,
-        grpc,
-        send_timeout
-    ));
+    let mut down = std::pin::pin!(relay_response(&end, respond, head_request, send_timeout));
     let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
     poll_fn(|cx| {
         if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
@@ -402,14 +393,16 @@ async fn pump_request(end: &bridge::StreamEnd, body: &mut RecvStream, chunked: b
     end.close_write();
 }
 
-/// The proxy's HTTP/1.1 response into HEADERS and DATA frames.
+/// The proxy's HTTP/1.1 response into HEADERS and DATA frames. A client's reset is watched
+/// for from the start: it ends the proxy's wait for the upstream (see
+/// [`bridge::unless_gone`]), so a cancelled request stops upstream too.
 async fn relay_response(
     end: &bridge::StreamEnd,
     mut respond: SendResponse<Bytes>,
     head_request: bool,
-    watch_head_reset: bool,
     send_timeout: Duration,
 ) {
+    let mut watch = ResetWatch::default();
     let mut buf = BytesMut::new();
     let mut rh = ResponseHead::default();
     let method = if head_request {
@@ -418,11 +411,7 @@ async fn relay_response(
         Method::Get
     };
     let head_len = loop {
-        let next = if watch_head_reset {
-            read_unless_reset(end, &mut buf, |cx| respond.poll_reset(cx)).await
-        } else {
-            Some(end.read_into(&mut buf).await)
-        };
+        let next = read_unless_reset(end, &mut buf, &mut watch, |cx| respond.poll_reset(cx)).await;
         match next {
             Some(true) => {}
             // The client reset the stream while the response was awaited.
@@ -438,7 +427,10 @@ async fn relay_response(
                 // 100 Continue (ringway's own answer to Expect): not relayed.
                 buf.advance(len);
             }
-            Ok(Some(len)) => break len,
+            Ok(Some(len)) => {
+                watch.pause();
+                break len;
+            }
             Ok(None) => {}
             Err(_) => {
                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
@@ -498,7 +490,9 @@ async fn relay_response(
             }
             return;
         }
-        match read_unless_reset(end, &mut buf, |cx| send.poll_reset(cx)).await {
+        // Sending may have left the stream's waker with h2's capacity wait: look again.
+        watch.disarm();
+        match read_unless_reset(end, &mut buf, &mut watch, |cx| send.poll_reset(cx)).await {
             Some(true) => {}
             None => return, // the client reset the stream
             Some(false) if matches!(rh.framing, BodyFraming::UntilClose) && !end.aborted() => {
@@ -520,19 +514,98 @@ async fn relay_response(
 async fn read_unless_reset(
     end: &bridge::StreamEnd,
     buf: &mut BytesMut,
-    mut reset: impl FnMut(&mut std::task::Context<'_>) -> Poll<Result<h2::Reason, h2::Error>>,
+    watch: &mut ResetWatch,
+    mut reset: impl FnMut(&mut Context<'_>) -> Poll<Result<h2::Reason, h2::Error>>,
 ) -> Option<bool> {
     let mut read = std::pin::pin!(end.read_into(buf));
     poll_fn(|cx| {
         if let Poll::Ready(more) = read.as_mut().poll(cx) {
             return Poll::Ready(Some(more));
         }
-        if reset(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
+        watch.poll(cx, &mut reset).map(|()| None)
     })
     .await
+}
+
+/// Watches an HTTP/2 stream for the client's reset while its task waits for other things,
+/// at one `poll_reset` per registration rather than one per poll of the task (a stream's
+/// task is polled for every step of its upstream exchange). h2 is handed a waker of the
+/// watch's own: it wakes the task and notes that h2 (not the exchange) woke it, so that
+/// only then is the stream looked at again.
+#[derive(Default)]
+struct ResetWatch {
+    flag: Option<(Arc<ResetFlag>, Waker)>,
+    /// h2 holds our waker and has not woken it since.
+    armed: bool,
+}
+
+struct ResetFlag {
+    woken: AtomicBool,
+    /// Whether a wake reaches the task: not while the watch is not looked at (h2 keeps the
+    /// last waker it was given, and wakes it for more than resets).
+    live: AtomicBool,
+    task: Waker,
+}
+
+impl Wake for ResetFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Relaxed);
+        if self.live.load(Ordering::Relaxed) {
+            self.task.wake_by_ref();
+        }
+    }
+}
+
+impl ResetWatch {
+    /// `Ready` once the stream was reset (or its connection failed).
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        reset: impl FnOnce(&mut Context<'_>) -> Poll<Result<h2::Reason, h2::Error>>,
+    ) -> Poll<()> {
+        let fresh = !matches!(&self.flag, Some((f, _)) if f.task.will_wake(cx.waker()));
+        if fresh {
+            let flag = Arc::new(ResetFlag {
+                woken: AtomicBool::new(false),
+                live: AtomicBool::new(true),
+                task: cx.waker().clone(),
+            });
+            self.flag = Some((flag.clone(), Waker::from(flag)));
+            self.armed = false;
+        }
+        let Some((flag, waker)) = &self.flag else {
+            return Poll::Pending;
+        };
+        flag.live.store(true, Ordering::Relaxed);
+        let woken = flag.woken.swap(false, Ordering::Relaxed);
+        if self.armed && !woken {
+            return Poll::Pending;
+        }
+        match reset(&mut Context::from_waker(waker)) {
+            Poll::Ready(_) => Poll::Ready(()),
+            Poll::Pending => {
+                self.armed = true;
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Something else may have taken the stream's waker slot in h2 (a capacity wait): the
+    /// next poll registers again.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Not looked at until the next poll: h2's wakes meanwhile do not reach the task.
+    fn pause(&self) {
+        if let Some((flag, _)) = &self.flag {
+            flag.live.store(false, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes):

@@ -81,6 +81,15 @@ impl ClientStream {
         }
     }
 
+    /// A watch on whether the client still takes the response, for an HTTP/2 stream (whose
+    /// reset says so at once); `None` for sockets.
+    pub fn gone_watch(&self) -> Option<crate::h2::bridge::GoneWatch> {
+        match self {
+            ClientStream::Virtual(v) => Some(v.gone_watch()),
+            _ => None,
+        }
+    }
+
     /// Splits into halves usable at once; `None` for a virtual connection (HTTP/2 streams
     /// are never tunnelled).
     pub fn into_split(self) -> Option<(ReadHalf, WriteHalf)> {

@@ -28,6 +28,7 @@ use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
+use crate::h2::bridge::{unless_gone, GoneWatch};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
 use crate::http1::{
@@ -815,6 +816,9 @@ async fn exchange(
     let head_len = conn.head.len;
     let mut fresh = !upc.is_reused();
     let resend_ok = resendable(info, body);
+    // An HTTP/2 client's reset ends the wait for the response head (and the upstream
+    // request with it).
+    let gone = conn.stream.gone_watch();
     loop {
         let mut ubuf = w.pool.take();
         if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {
@@ -875,6 +879,7 @@ async fn exchange(
                 &mut conn.resp,
                 info.method,
                 head_deadline,
+                gone.as_ref(),
             )
             .await;
             all_sent = sent;
@@ -887,6 +892,7 @@ async fn exchange(
                 &mut conn.resp,
                 info.method,
                 Some(head_deadline(w)),
+                gone.as_ref(),
             )
             .await
         } else {
@@ -899,6 +905,7 @@ async fn exchange(
                 ubuf,
                 head_deadline,
                 max_body,
+                gone.as_ref(),
             )
             .await
             {
@@ -916,6 +923,9 @@ async fn exchange(
                 // reused.
                 bstate.done &= all_sent;
                 return Exchange::Head(upc, ubuf);
+            }
+            Err(HeadError { error, .. }) if error.side() == Side::Downstream => {
+                return Exchange::Client(error);
             }
             Err(HeadError { error, got_bytes }) => {
                 // Bytes that are no response on a connection reused without the idle check
@@ -949,10 +959,11 @@ async fn send_rest_and_read_head(
     resp: &mut ResponseHead,
     method: Method,
     head_deadline: &dyn Fn(&Worker) -> Instant,
+    gone: Option<&GoneWatch>,
 ) -> (Result<Block, HeadError>, bool) {
     let UpConn { read, write, .. } = upc;
     let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
-    let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, method, None));
+    let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, method, None, gone));
     match race(send.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => (await_head(head.as_mut(), head_deadline(w)).await, true),
         Either::Left(Err(e)) => {
@@ -1124,6 +1135,7 @@ async fn send_body_and_read_head(
     ubuf: Block,
     head_deadline: &dyn Fn(&Worker) -> Instant,
     max_body: Option<u64>,
+    gone: Option<&GoneWatch>,
 ) -> BodyOutcome {
     if let Err(e) = send_continue(w, cg, conn, info).await {
         return BodyOutcome::ClientFailed(e);
@@ -1141,7 +1153,15 @@ async fn send_body_and_read_head(
         info.framing,
         max_body
     ));
-    let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, info.method, None));
+    let mut head = std::pin::pin!(read_response_head(
+        w,
+        read,
+        ubuf,
+        resp,
+        info.method,
+        None,
+        gone
+    ));
     match race(pump.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => {
             BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w)).await)
@@ -1263,7 +1283,14 @@ struct HeadError {
     got_bytes: bool,
 }
 
+/// The error of an exchange whose HTTP/2 client reset its stream before the response head.
+pub(super) fn cancelled() -> Error {
+    Error::new(ErrorKind::ClientClosed, Side::Downstream)
+        .with_cause("the client cancelled the request")
+}
+
 /// Reads until a final (non-1xx) response head is buffered at the front of the returned block.
+/// A client that goes meanwhile (`gone`) ends the wait with a downstream `ClientClosed`.
 async fn read_response_head(
     w: &Worker,
     up: &mut ReadHalf,
@@ -1271,6 +1298,7 @@ async fn read_response_head(
     resp: &mut ResponseHead,
     method: Method,
     deadline: Option<Instant>,
+    gone: Option<&GoneWatch>,
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
     let mut interim = 0;
@@ -1317,14 +1345,22 @@ async fn read_response_head(
                 ));
             }
         }
-        let read = match deadline {
-            Some(d) => read_by(up, ubuf, d, &w.pool).await,
-            None => {
-                use monoio::io::AsyncReadRent;
-                up.read(ubuf).await
+        let read = unless_gone(gone, async {
+            match deadline {
+                Some(d) => read_by(up, ubuf, d, &w.pool).await,
+                None => {
+                    use monoio::io::AsyncReadRent;
+                    up.read(ubuf).await
+                }
             }
+        })
+        .await;
+        let Some((res, buf)) = read else {
+            return Err(HeadError {
+                error: cancelled(),
+                got_bytes,
+            });
         };
-        let (res, buf) = read;
         ubuf = buf;
         match res {
             Ok(0) => {

@@ -17,14 +17,14 @@ use h2::RecvStream;
 use monoio::io::AsyncReadRent;
 
 use super::forward::{
-    backoff, fail, forwarding, log_upstream, record, rewrite_target, upstream_host, BodyPlan,
-    Retry, RetrySlot, Ticket,
+    backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
+    BodyPlan, Retry, RetrySlot, Ticket,
 };
 use super::io::{race, read_by, write_all_by, Either};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
-use crate::h2::bridge::VirtualReader;
+use crate::h2::bridge::{unless_gone, VirtualReader};
 use crate::http1::encode::{put_field, put_status_line, put_u64};
 use crate::http1::{
     filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
@@ -422,6 +422,7 @@ pub(super) async fn proxy(
             };
             let head =
                 monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
+            let gone = conn.stream.gone_watch();
             let duplex = match body {
                 BodyPlan::Streamed => conn.stream.virtual_reader(),
                 _ => None,
@@ -452,7 +453,10 @@ pub(super) async fn proxy(
                                 break 'attempt Attempt::Client(e);
                             }
                         }
-                        head.await
+                        match unless_gone(gone.as_ref(), head).await {
+                            Some(r) => r,
+                            None => break 'attempt Attempt::Client(cancelled()),
+                        }
                     }
                     Either::Right(resp) => {
                         responding.set(true);
@@ -495,7 +499,11 @@ pub(super) async fn proxy(
                     }
                     // The upstream stopped taking the body: it may have answered already.
                 }
-                head.await
+                // A client's reset ends the wait (and the upstream stream with it).
+                match unless_gone(gone.as_ref(), head).await {
+                    Some(r) => r,
+                    None => break 'attempt Attempt::Client(cancelled()),
+                }
             };
             match resp {
                 Err(_) => Attempt::Failed(
