@@ -241,6 +241,36 @@ fn grpc_deadline_and_gateway_errors_are_trailers_only() {
 }
 
 #[test]
+fn calls_ended_by_their_own_deadline_do_not_count_against_the_upstream() {
+    let origin = h2_origin();
+    // Two failures in a row would open the circuit.
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
+         breaker = {{ failure_threshold = 2 }}\n[[routes]]\npath_prefix = \"/\"\nproxy = \"grpc\"\n"
+    ));
+    rt().block_on(async {
+        // Deadlines the calls' clients chose pass before the head, and after it.
+        for path in ["/echo.Svc/SlowHead", "/echo.Svc/Slow"] {
+            for _ in 0..3 {
+                let (status, headers, _, trailers, _, _) =
+                    call(proxy.addr, path, &frame(b"x"), Some("100m")).await;
+                let grpc_status = trailers
+                    .as_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or(headers.get("grpc-status"))
+                    .map(|v| v.to_str().unwrap().to_string());
+                assert_eq!((status, grpc_status.as_deref()), (200, Some("4")), "{path}");
+            }
+        }
+        // The circuit stayed closed: the upstream did nothing wrong.
+        let (status, _, _, trailers, _, _) =
+            call(proxy.addr, "/echo.Svc/Unary", &frame(b"hi"), None).await;
+        assert_eq!(status, 200);
+        assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
+    });
+}
+
+#[test]
 fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
     let origin = h2_origin();
     let proxy = proxy_to_h2(origin);

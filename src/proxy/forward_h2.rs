@@ -416,10 +416,10 @@ pub(super) async fn proxy(
                 Ok(x) => x,
                 Err(e) => break 'attempt reset(e),
             };
-            let head_deadline = {
-                let d = (w.now() + plan.try_timeout).min(plan.total_deadline);
-                plan.grpc_deadline.map_or(d, |g| d.min(g))
-            };
+            let limit = (w.now() + plan.try_timeout).min(plan.total_deadline);
+            // The call's own grpc-timeout ends first: its passing is the client's doing.
+            let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
+            let head_deadline = call_deadline.unwrap_or(limit);
             let head =
                 monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
             let gone = conn.stream.gone_watch();
@@ -506,6 +506,12 @@ pub(super) async fn proxy(
                 }
             };
             match resp {
+                // Not the upstream's failure: neither the breaker nor outlier detection
+                // hears of it, and it is not retried (DEADLINE_EXCEEDED to the client).
+                Err(_) if call_deadline.is_some() => Attempt::Local(
+                    Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                        .with_cause("the call's grpc-timeout passed before the response head"),
+                ),
                 Err(_) => Attempt::Failed(
                     Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                         .with_cause("no response head in time"),
@@ -683,17 +689,22 @@ async fn relay(
     // Body: DATA frames as they come, each written before the next is taken (and only then
     // is the window given back to the upstream).
     loop {
-        let idle = {
-            let d = w.now() + plan.read_timeout;
-            plan.grpc_deadline.map_or(d, |g| d.min(g))
-        };
+        let stall = w.now() + plan.read_timeout;
+        // The call's own grpc-timeout ending first is the client's doing, not a failure.
+        let call_deadline = plan.grpc_deadline.filter(|&g| g <= stall);
+        let idle = call_deadline.unwrap_or(stall);
         let next =
             monoio::time::timeout_at(monoio::time::Instant::from_std(idle), body.data()).await;
+        let counted = !(call_deadline.is_some() && next.is_err());
         let failed = match next {
             Ok(Some(Ok(c))) => Ok(c),
             Ok(None) => break,
             Ok(Some(Err(e))) => {
                 Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e))
+            }
+            Err(_) if call_deadline.is_some() => {
+                Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                    .with_cause("the call's grpc-timeout passed"))
             }
             Err(_) => Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                 .with_cause("response body stalled")),
@@ -703,9 +714,13 @@ async fn relay(
             Err(e) if info.grpc && out_framing == Out::Chunked => {
                 // A gRPC call ends with a status, also when it fails half-way: the deadline
                 // (or the upstream) ended it.
-                return grpc_end(w, cg, conn, info, e).await;
+                let (keep, class) = grpc_end(w, cg, conn, info, e).await;
+                return (keep, class.filter(|_| counted));
             }
-            Err(e) => return cut_short(w, conn, info, e),
+            Err(e) => {
+                let (keep, class) = cut_short(w, conn, info, e);
+                return (keep, class.filter(|_| counted));
+            }
         };
         let n = chunk.len();
         if n == 0 {
