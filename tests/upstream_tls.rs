@@ -247,6 +247,12 @@ fn http2_over_tls_by_alpn() {
                 let resp = http::Response::builder().status(200).body(()).unwrap();
                 let mut send = respond.send_response(resp, false).unwrap();
                 let body = format!("h2 {}", req.uri().path());
+                // `:scheme` says what the connection is (RFC 9113 §8.3.1).
+                let body = if req.uri().scheme_str() == Some("https") {
+                    body
+                } else {
+                    format!("scheme {:?}", req.uri().scheme_str())
+                };
                 send.send_data(bytes::Bytes::from(body), false).unwrap();
                 let mut t = http::HeaderMap::new();
                 t.insert("x-trailer", "1".parse().unwrap());

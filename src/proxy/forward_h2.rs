@@ -49,8 +49,11 @@ pub(super) struct Plan {
     pub(super) grpc_deadline: Option<Instant>,
 }
 
-/// The request as it goes upstream, built once per attempt (the authority may differ).
+/// The request as it goes upstream, built once per attempt (the authority may differ);
+/// `:scheme` is `https` over TLS.
+#[allow(clippy::too_many_arguments)]
 fn build_request(
+    tls: bool,
     cg: &CoreGen,
     conn: &ClientConn,
     info: &ReqInfo,
@@ -69,7 +72,7 @@ fn build_request(
     let host = upstream_host(conn, src, action, authority);
     let (trusted, forwarded_proto) = forwarding(cg, conn);
     let mut uri = Vec::with_capacity(16 + host.len() + text.len() + head.query.len as usize);
-    uri.extend_from_slice(b"http://");
+    uri.extend_from_slice(if tls { b"https://" } else { b"http://" });
     uri.extend_from_slice(host);
     uri.extend_from_slice(text);
     uri.extend_from_slice(head.query.get(src));
@@ -397,7 +400,16 @@ pub(super) async fn proxy(
                     break 'attempt Attempt::Failed(err, FailureClass::Connect);
                 }
             };
-            let req = match build_request(cg, conn, info, route, action, params, ep.authority()) {
+            let req = match build_request(
+                up.cfg.tls.is_some(),
+                cg,
+                conn,
+                info,
+                route,
+                action,
+                params,
+                ep.authority(),
+            ) {
                 Ok(r) => r,
                 Err(e) => break 'attempt Attempt::Client(e),
             };
