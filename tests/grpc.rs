@@ -373,3 +373,164 @@ fn an_h2_upstream_connection_told_to_go_away_takes_no_new_stream() {
     let r = slow.join().unwrap();
     assert_eq!(r.status, 200, "the stream in flight ends normally");
 }
+
+/// Bytes of `/big` responses sent so far.
+static BIG_SENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// An h2c origin: `/big` streams 64 MiB (as the window allows), anything else is "small".
+async fn serve_big_or_small(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    let resp = http::Response::builder().status(200).body(()).unwrap();
+    let Ok(mut send) = respond.send_response(resp, false) else {
+        return;
+    };
+    if req.uri().path() != "/big" {
+        let _ = send.send_data(Bytes::from_static(b"small"), true);
+        return;
+    }
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    for _ in 0..1024 {
+        send.reserve_capacity(chunk.len());
+        let mut left = chunk.clone();
+        while !left.is_empty() {
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(n)) if n > 0 => {
+                    let piece = left.split_to(n.min(left.len()));
+                    BIG_SENT.fetch_add(piece.len(), std::sync::atomic::Ordering::SeqCst);
+                    if send.send_data(piece, false).is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(_)) => {}
+                _ => return,
+            }
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+}
+
+#[test]
+fn a_client_that_stops_reading_does_not_stall_other_streams_of_its_upstream_connection() {
+    let origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, respond))) = conn.accept().await {
+            tokio::spawn(serve_big_or_small(req, respond));
+        }
+    });
+    // One connection: both requests share it.
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nh2_connections = 1\n\
+         endpoints = [\"{origin}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    // A asks for 64 MiB and reads none of it: once the sockets' buffers are full, what its
+    // stream was granted sits in ringway, and the origin stops (no window).
+    let mut a = Client::connect(proxy.addr);
+    a.send(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n");
+    let load = || BIG_SENT.load(std::sync::atomic::Ordering::SeqCst);
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let mut last = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = load();
+        if now > 0 && now == last || Instant::now() > give_up {
+            break;
+        }
+        last = now;
+    }
+    assert!(load() < 64 << 20, "A's response stalled before its end");
+    // B's response on the same upstream connection still flows.
+    let started = Instant::now();
+    let mut b = Client::connect(proxy.addr);
+    b.stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let r = b.get("/small");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(a);
+}
+
+/// An h2c origin whose first connection answers one request and then goes silent (reads
+/// nothing, answers no PING) while staying open, like a peer behind a middlebox that dropped
+/// the flow; later connections serve normally. Counts connections.
+fn origin_going_silent() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    let addr = tokio_server(move |tcp| {
+        let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            if n == 0 {
+                if let Some(Ok((req, respond))) = conn.accept().await {
+                    tokio::spawn(serve_big_or_small(req, respond));
+                }
+                // Long enough to flush the answer, then never polled again.
+                let _ = tokio::time::timeout(Duration::from_millis(100), conn.accept()).await;
+                std::future::pending::<()>().await;
+            }
+            while let Some(Ok((req, respond))) = conn.accept().await {
+                tokio::spawn(serve_big_or_small(req, respond));
+            }
+        }
+    });
+    (addr, conns)
+}
+
+fn proxy_to_h2_with(origin: SocketAddr, keys: &str) -> Proxy {
+    Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nh2_connections = 1\n\
+         {keys}\nendpoints = [\"{origin}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ))
+}
+
+#[test]
+fn an_upstream_connection_silent_after_a_timeout_is_replaced() {
+    let (origin, conns) = origin_going_silent();
+    let proxy = proxy_to_h2_with(
+        origin,
+        "response_timeout = \"1s\"\nconnect_timeout = \"500ms\"",
+    );
+    let mut c = Client::connect(proxy.addr);
+    assert_eq!(c.get("/a").status, 200);
+    // The silent connection: the request times out, and the PING that follows goes
+    // unanswered, so the connection is closed...
+    assert_eq!(c.get("/b").status, 504);
+    std::thread::sleep(Duration::from_millis(800));
+    // ...and the next request goes to a new one.
+    let r = c.get("/c");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[test]
+fn with_keepalive_a_silent_upstream_connection_is_dropped_while_a_request_waits() {
+    let (origin, conns) = origin_going_silent();
+    let proxy = proxy_to_h2_with(
+        origin,
+        "h2_keepalive = \"300ms\"\nresponse_timeout = \"5s\"",
+    );
+    let mut c = Client::connect(proxy.addr);
+    assert_eq!(c.get("/a").status, 200);
+    std::thread::sleep(Duration::from_millis(200));
+    // The PING sent while the request waits goes unanswered: the connection is closed, and
+    // the request (refused before any response, and replayable) goes to a new one.
+    let started = Instant::now();
+    let r = c.get("/b");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -236,6 +236,16 @@ pub struct UpstreamConfig {
     pub protocol: UpstreamProtocol,
     /// HTTP/2 connections per endpoint per worker (streams are multiplexed over them).
     pub h2_connections: usize,
+    /// HTTP/2: the receive window ringway grants each upstream stream (what one stream's
+    /// response may have in flight toward a client that reads slowly).
+    pub h2_stream_window: u32,
+    /// HTTP/2: the receive window of a whole upstream connection (what all its streams may
+    /// have in flight together; at least `h2_stream_window`).
+    pub h2_connection_window: u32,
+    /// HTTP/2: a PING goes out on each upstream connection with streams open this often,
+    /// and one unanswered within the interval closes it (a peer gone without a word). Off
+    /// when unset (a request timing out on a connection still makes it answer a PING).
+    pub h2_keepalive: Option<Duration>,
     /// TLS toward the endpoints, when set.
     pub tls: Option<std::sync::Arc<crate::tls::client::UpstreamTls>>,
 }

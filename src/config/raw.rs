@@ -131,6 +131,9 @@ pub(crate) struct RawUpstream {
     pub(crate) pool_idle_timeout: Option<Spanned<String>>,
     pub(crate) protocol: Option<Spanned<String>>,
     pub(crate) h2_connections: Option<Spanned<i64>>,
+    pub(crate) h2_stream_window: Option<Spanned<i64>>,
+    pub(crate) h2_connection_window: Option<Spanned<i64>>,
+    pub(crate) h2_keepalive: Option<Spanned<String>>,
     pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
 }
 

@@ -532,6 +532,25 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         endpoints.push(spec);
     }
     let response_timeout = ctx.duration(&u.response_timeout, Duration::from_secs(15))?;
+    let h2_stream_window = ctx.int(
+        &u.h2_stream_window,
+        256 * 1024,
+        65_535..(1 << 31) - 1,
+        "h2_stream_window",
+    )? as u32;
+    let h2_connection_window = ctx.int(
+        &u.h2_connection_window,
+        16 * 1024 * 1024,
+        65_535..(1 << 31) - 1,
+        "h2_connection_window",
+    )? as u32;
+    if h2_connection_window < h2_stream_window {
+        let span = u.h2_connection_window.as_ref().map_or(0..0, |v| v.span());
+        return Err(ctx.error(
+            span,
+            "h2_connection_window must be at least h2_stream_window",
+        ));
+    }
     let protocol = match u
         .protocol
         .as_ref()
@@ -664,6 +683,12 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         protocol,
         tls: compile_upstream_tls(ctx, u, protocol)?,
         h2_connections: ctx.int(&u.h2_connections, 2, 1..64, "h2_connections")? as usize,
+        h2_stream_window,
+        h2_connection_window,
+        h2_keepalive: match &u.h2_keepalive {
+            None => None,
+            Some(_) => Some(ctx.duration(&u.h2_keepalive, Duration::ZERO)?),
+        },
     })
 }
 
@@ -1397,6 +1422,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.http.limits.max_request_line_bytes, 65535);
+    }
+
+    #[test]
+    fn h2_upstream_windows_and_keepalive() {
+        let up = |keys: &str| {
+            format!(
+                "{MIN}[[upstreams]]\nname = \"u\"\nprotocol = \"h2c\"\nendpoints = [\"127.0.0.1:1\"]\n{keys}\n"
+            )
+        };
+        let g = compile(&up(""), "t.toml").unwrap();
+        let u = &g.upstreams[0];
+        assert_eq!(
+            (u.h2_stream_window, u.h2_connection_window, u.h2_keepalive),
+            (256 * 1024, 16 << 20, None)
+        );
+        let g = compile(
+            &up("h2_keepalive = \"20s\"\nh2_stream_window = 65535"),
+            "t.toml",
+        )
+        .unwrap();
+        let u = &g.upstreams[0];
+        assert_eq!(
+            (u.h2_stream_window, u.h2_keepalive),
+            (65535, Some(Duration::from_secs(20)))
+        );
+        let e = err(&up(
+            "h2_stream_window = 1048576\nh2_connection_window = 65535",
+        ));
+        assert!(e.to_string().contains("at least h2_stream_window"), "{e}");
+        let e = err(&up("h2_stream_window = 1000"));
+        assert!(e.to_string().contains("h2_stream_window"), "{e}");
     }
 
     #[test]

@@ -524,11 +524,16 @@ pub(super) async fn proxy(
                     Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                         .with_cause("the call's grpc-timeout passed before the response head"),
                 ),
-                Err(_) => Attempt::Failed(
-                    Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
-                        .with_cause("no response head in time"),
-                    FailureClass::Timeout,
-                ),
+                Err(_) => {
+                    // The connection may be dead without a word: it must answer a PING
+                    // now, or it is closed (see `h2pool`).
+                    slot.suspect();
+                    Attempt::Failed(
+                        Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                            .with_cause("no response head in time"),
+                        FailureClass::Timeout,
+                    )
+                }
                 Ok(Err(e)) => reset(e),
                 Ok(Ok(r)) => Attempt::Response(r, slot),
             }

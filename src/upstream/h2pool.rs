@@ -4,6 +4,13 @@
 //! I/O) and counts its open streams; a request takes the least loaded connection that has a
 //! stream to spare under the peer's SETTINGS, or opens another up to `h2_connections`. A
 //! connection whose driver ended (GOAWAY, error, peer close) is dropped from the pool.
+//!
+//! A peer gone without a word (a power loss, a middlebox that dropped the flow) would take
+//! every stream until TCP gave up, for many minutes. So when a request times out on a
+//! connection, its driver sends a PING, and closes the connection unless the PONG comes
+//! within `connect_timeout`; with `h2_keepalive`, it also sends one at that interval while
+//! streams are open. (Not on idle connections: gRPC servers count PINGs without calls as
+//! abuse and answer them with GOAWAY.)
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -26,34 +33,158 @@ pub struct Limits {
     pub total: u32,
     /// Time for TCP, TLS and the HTTP/2 handshake each.
     pub connect_timeout: Duration,
+    /// Receive window granted to each stream.
+    pub stream_window: u32,
+    /// Receive window of the whole connection.
+    pub connection_window: u32,
+    /// PING interval while streams are open, and how long such a PING may go unanswered.
+    pub keepalive: Option<Duration>,
+}
+
+/// What a connection's users and its driver share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Streams in flight.
+    streams: Cell<usize>,
+    /// The driver ended: no new stream.
+    closed: Cell<bool>,
+    /// A request timed out: the driver is to make sure the peer still answers.
+    suspect: Cell<bool>,
+    /// The driver, to be woken for `suspect`.
+    driver: RefCell<Option<std::task::Waker>>,
 }
 
 /// The HTTP/2 handshake on `io`, and its driver task (which gives the endpoint's connection
 /// slot back and marks the connection closed when it ends).
 async fn handshake<T>(
     io: T,
-    timeout: Duration,
+    limits: &Limits,
     state: Arc<EndpointState>,
-) -> Result<(SendRequest<Bytes>, Rc<Cell<bool>>), std::io::Error>
+) -> Result<(SendRequest<Bytes>, Rc<Shared>), std::io::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let (send, connection) =
-        match monoio::time::timeout(timeout, h2::client::Builder::new().handshake(io)).await {
+    // A stream's window bounds what one slow client holds of its response; the connection's
+    // is larger, so that a few slow clients do not stall every other stream on it.
+    let mut builder = h2::client::Builder::new();
+    builder
+        .initial_window_size(limits.stream_window)
+        .initial_connection_window_size(limits.connection_window);
+    let (send, mut connection) =
+        match monoio::time::timeout(limits.connect_timeout, builder.handshake(io)).await {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(std::io::Error::other(e)),
             Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
         };
-    let closed = Rc::new(Cell::new(false));
-    let c = closed.clone();
+    let ping = connection.ping_pong();
+    let shared = Rc::new(Shared::default());
+    let s = shared.clone();
+    let (every, patience) = (limits.keepalive, limits.connect_timeout);
     monoio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+        match drive(connection, ping, &s, every, patience).await {
+            Ok(()) => {}
+            Err(Ended::Error(e)) => {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            }
+            Err(Ended::Unanswered) => {
+                tracing::warn!("upstream HTTP/2 connection closed: a PING went unanswered");
+            }
         }
-        c.set(true);
+        s.closed.set(true);
+        s.driver.borrow_mut().take();
         state.close_connection();
     });
-    Ok((send, closed))
+    Ok((send, shared))
+}
+
+/// Why a connection's driver stopped early.
+enum Ended {
+    Error(h2::Error),
+    /// A PING went unanswered for the keep-alive interval.
+    Unanswered,
+}
+
+/// Runs `connection` to its end. A PING goes out when a user marks the connection suspect
+/// (answer within `patience`) and, with `every`, at that interval while streams are open
+/// (answer within `every`); one at a time. A PING unanswered in time gives up on the
+/// connection (dropping it closes the socket, and its streams fail).
+async fn drive<T>(
+    mut connection: h2::client::Connection<T, Bytes>,
+    ping: Option<h2::PingPong>,
+    shared: &Shared,
+    every: Option<Duration>,
+    patience: Duration,
+) -> Result<(), Ended>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use std::future::Future;
+    use std::task::Poll;
+    let Some(mut ping) = ping else {
+        return connection.await.map_err(Ended::Error);
+    };
+    let idle_wait = every.unwrap_or(Duration::from_secs(3600));
+    let mut timer = std::pin::pin!(monoio::time::sleep(idle_wait));
+    // When the PING in flight must be answered by.
+    let mut waiting = false;
+    let mut poll_conn = |cx: &mut std::task::Context<'_>| {
+        std::pin::Pin::new(&mut connection)
+            .poll(cx)
+            .map(|r| r.map_err(Ended::Error))
+    };
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = poll_conn(cx) {
+            return Poll::Ready(r);
+        }
+        if waiting {
+            if let Poll::Ready(Ok(_)) = ping.poll_pong(cx) {
+                waiting = false;
+                timer
+                    .as_mut()
+                    .reset(monoio::time::Instant::now() + idle_wait);
+            }
+            // (An error: the connection failed, and its own poll says why.)
+        }
+        loop {
+            let suspect = shared.suspect.replace(false);
+            let due = timer.as_mut().poll(cx).is_ready();
+            if waiting {
+                if due {
+                    return Poll::Ready(Err(Ended::Unanswered));
+                }
+                break;
+            }
+            let keepalive = due && every.is_some() && shared.streams.get() > 0;
+            if due && !keepalive {
+                timer
+                    .as_mut()
+                    .reset(monoio::time::Instant::now() + idle_wait);
+            }
+            if !(suspect || keepalive) {
+                if !due {
+                    break;
+                }
+                continue;
+            }
+            if ping.send_ping(h2::Ping::opaque()).is_err() {
+                // The connection is closing: its own poll ends the driver.
+                break;
+            }
+            waiting = true;
+            let answer_within = if suspect { patience } else { idle_wait };
+            timer
+                .as_mut()
+                .reset(monoio::time::Instant::now() + answer_within);
+            // Register for the PONG, flush the PING, and let the timer register.
+            let _ = ping.poll_pong(cx);
+            if let Poll::Ready(r) = poll_conn(cx) {
+                return Poll::Ready(r);
+            }
+        }
+        *shared.driver.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
 }
 
 /// Whether the connection can take no new stream (a GOAWAY came, or it failed, or its
@@ -69,15 +200,23 @@ fn refuses_streams(send: &SendRequest<Bytes>) -> bool {
 #[derive(Debug)]
 struct Conn {
     send: SendRequest<Bytes>,
-    streams: Rc<Cell<usize>>,
-    closed: Rc<Cell<bool>>,
+    shared: Rc<Shared>,
 }
 
 impl Conn {
     /// A handle to send one request on, holding one of this connection's stream counts.
     fn take_stream(&self) -> (SendRequest<Bytes>, StreamSlot) {
-        self.streams.set(self.streams.get() + 1);
-        (self.send.clone(), StreamSlot(self.streams.clone()))
+        let s = &self.shared;
+        s.streams.set(s.streams.get() + 1);
+        (self.send.clone(), StreamSlot(s.clone()))
+    }
+
+    fn streams(&self) -> usize {
+        self.shared.streams.get()
+    }
+
+    fn closed(&self) -> bool {
+        self.shared.closed.get()
     }
 }
 
@@ -89,11 +228,24 @@ pub struct H2Pool {
 
 /// A stream's hold on its connection's count, given back when dropped.
 #[derive(Debug)]
-pub struct StreamSlot(Rc<Cell<usize>>);
+pub struct StreamSlot(Rc<Shared>);
+
+impl StreamSlot {
+    /// The stream timed out: the connection is to prove its peer still answers (a PING),
+    /// or be closed.
+    pub fn suspect(&self) {
+        let s = &self.0;
+        s.suspect.set(true);
+        if let Some(w) = s.driver.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
+        let s = &self.0.streams;
+        s.set(s.get().saturating_sub(1));
     }
 }
 
@@ -128,20 +280,21 @@ impl H2Pool {
             conns: max_conns,
             total: max_conns_total,
             connect_timeout,
+            ..
         } = limits;
         let pick = loop {
             let mut conns = self.conns.borrow_mut();
-            conns.retain(|c| !c.closed.get());
-            let best = conns.iter().min_by_key(|c| c.streams.get());
+            conns.retain(|c| !c.closed());
+            let best = conns.iter().min_by_key(|c| c.streams());
             match best {
                 Some(c)
-                    if c.streams.get() < c.send.current_max_send_streams()
+                    if c.streams() < c.send.current_max_send_streams()
                         || conns.len() >= max_conns =>
                 {
                     // A connection told to go away keeps running for its streams in
                     // flight, but takes no new one: out of the pool with it.
                     if refuses_streams(&c.send) {
-                        c.closed.set(true);
+                        c.shared.closed.set(true);
                         continue;
                     }
                     break Some(c.take_stream());
@@ -158,8 +311,8 @@ impl H2Pool {
             let conns = self.conns.borrow();
             let open = conns
                 .iter()
-                .filter(|c| !c.closed.get() && !refuses_streams(&c.send));
-            return match open.min_by_key(|c| c.streams.get()) {
+                .filter(|c| !c.closed() && !refuses_streams(&c.send));
+            return match open.min_by_key(|c| c.streams()) {
                 Some(c) => Ok(c.take_stream()),
                 None => Err(ConnectError::Busy),
             };
@@ -186,7 +339,7 @@ impl H2Pool {
         let handshake = match tls {
             None => {
                 let io = tcp.try_into_poll_io().map_err(|(e, _)| failed(e))?;
-                handshake(io, connect_timeout, state.clone()).await
+                handshake(io, &limits, state.clone()).await
             }
             Some(tls) => {
                 let s = super::tls_connect(tls, authority, tcp, connect_timeout)
@@ -203,19 +356,16 @@ impl H2Pool {
                 let io = tcp.try_into_poll_io().map_err(|(e, _)| failed(e))?;
                 handshake(
                     crate::h2::io::PollTls::new(io, conn, pending),
-                    connect_timeout,
+                    &limits,
                     state.clone(),
                 )
                 .await
             }
         };
-        let (send, closed) = handshake.map_err(failed)?;
-        let streams = Rc::new(Cell::new(1));
-        self.conns.borrow_mut().push(Conn {
-            send: send.clone(),
-            streams: streams.clone(),
-            closed,
-        });
-        Ok((send, StreamSlot(streams)))
+        let (send, shared) = handshake.map_err(failed)?;
+        let conn = Conn { send, shared };
+        let stream = conn.take_stream();
+        self.conns.borrow_mut().push(conn);
+        Ok(stream)
     }
 }

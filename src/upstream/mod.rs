@@ -318,9 +318,14 @@ impl Endpoints for View<'_> {
 }
 
 /// Whether a connection made for upstream config `a` may serve requests of `b` (the same
-/// upstream in another generation): same protocol, and the same TLS settings by content.
+/// upstream in another generation): same protocol, the same TLS settings by content, and for
+/// HTTP/2 the same windows and keep-alive (fixed when a connection is made).
 pub fn same_connections(a: &UpstreamConfig, b: &UpstreamConfig) -> bool {
-    a.protocol == b.protocol && a.tls == b.tls
+    a.protocol == b.protocol
+        && a.tls == b.tls
+        && (!a.protocol.is_h2()
+            || (a.h2_stream_window, a.h2_connection_window, a.h2_keepalive)
+                == (b.h2_stream_window, b.h2_connection_window, b.h2_keepalive))
 }
 
 impl UpstreamRt {
@@ -653,6 +658,9 @@ impl UpstreamRt {
                     conns: self.cfg.h2_connections,
                     total: self.cfg.max_connections,
                     connect_timeout: self.cfg.connect_timeout,
+                    stream_window: self.cfg.h2_stream_window,
+                    connection_window: self.cfg.h2_connection_window,
+                    keepalive: self.cfg.h2_keepalive,
                 },
                 self.cfg.tls.as_deref(),
             )
