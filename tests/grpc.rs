@@ -534,3 +534,42 @@ fn with_keepalive_a_silent_upstream_connection_is_dropped_while_a_request_waits(
     );
     assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+#[test]
+fn a_stream_the_upstream_refused_unprocessed_is_sent_again_even_for_post() {
+    // Each connection refuses its first stream (REFUSED_STREAM: not processed, RFC 9113
+    // §8.7) and answers the others.
+    let streams = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = streams.clone();
+    let origin = tokio_server(move |tcp| {
+        let seen = seen.clone();
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            let mut first = true;
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if std::mem::take(&mut first) {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    continue;
+                }
+                tokio::spawn(serve_big_or_small(req, respond));
+            }
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let mut c = Client::connect(proxy.addr);
+    c.send(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    let r = c.read_response(false).expect("a response");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // Nothing was held against the endpoint.
+    let m = metrics(proxy.addr);
+    let failures: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("ringway_upstream_failures_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(failures, 0.0, "{m:?}");
+}

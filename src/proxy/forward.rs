@@ -217,14 +217,26 @@ impl<'a> Retry<'a> {
         replayable: bool,
         slot: &mut Option<RetrySlot<'a>>,
     ) -> bool {
+        self.method_retryable
+            && retry_wanted(&self.up.cfg.retries.retry_on, class, status)
+            && self.admit(replayable, slot)
+    }
+
+    /// Whether a request the upstream did not process (an HTTP/2 stream it refused, or one
+    /// beyond its GOAWAY: RFC 9113 §8.7) may be sent again: whatever its method, it is not
+    /// a second execution; attempts, body, time and budget still rule.
+    pub(super) fn allowed_unprocessed(
+        &self,
+        replayable: bool,
+        slot: &mut Option<RetrySlot<'a>>,
+    ) -> bool {
+        self.admit(replayable, slot)
+    }
+
+    fn admit(&self, replayable: bool, slot: &mut Option<RetrySlot<'a>>) -> bool {
         let (w, up) = (self.w, self.up);
         let policy = &up.cfg.retries;
-        if self.attempts >= policy.attempts
-            || !self.method_retryable
-            || !replayable
-            || w.now() >= self.total_deadline
-            || !retry_wanted(&policy.retry_on, class, status)
-        {
+        if self.attempts >= policy.attempts || !replayable || w.now() >= self.total_deadline {
             return false;
         }
         let stats = up.shared.stats(w.id);

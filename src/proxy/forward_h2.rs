@@ -4,8 +4,8 @@
 //! chunked trailer section (so gRPC's `grpc-status` survives to an HTTP/2 client).
 //!
 //! The attempt loop mirrors `forward::proxy`: the breaker before every attempt, a pick that
-//! avoids endpoints tried, retries by the same policy and budget (a refused stream is
-//! retried like a reset), passive health and the breaker fed with each outcome.
+//! avoids endpoints tried, retries by the same policy and budget (a stream the upstream
+//! did not process, refused or beyond its GOAWAY, is sent again whatever the method), passive health and the breaker fed with each outcome.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -293,6 +293,9 @@ enum Attempt {
         crate::upstream::h2pool::StreamSlot,
     ),
     Failed(Error, FailureClass),
+    /// The upstream did not process the request (REFUSED_STREAM, or a stream beyond its
+    /// graceful GOAWAY): no failure of the endpoint, and safe to send again.
+    Unprocessed(Error),
     /// Refused here (the endpoint's connection cap): says nothing about the endpoint.
     Local(Error),
     Client(Error),
@@ -318,6 +321,8 @@ pub(super) async fn proxy(
     let mut body_read = !matches!(body, BodyPlan::Streamed);
     let mut body_touched = false;
     let mut tried = Tried::default();
+    // Whether the free resend of a request the upstream did not process was used.
+    let mut resent = false;
     let mut attempts = 0u32;
     let mut retry_slot: Option<RetrySlot<'_>> = None;
     // Set when the response head came while the request body was still streaming up; the
@@ -414,10 +419,15 @@ pub(super) async fn proxy(
                 Err(e) => break 'attempt Attempt::Client(e),
             };
             let reset = |e: h2::Error| {
-                Attempt::Failed(
-                    Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e),
-                    FailureClass::Reset,
-                )
+                let unprocessed = e.is_remote()
+                    && (e.reason() == Some(h2::Reason::REFUSED_STREAM)
+                        || e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR));
+                let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
+                if unprocessed {
+                    Attempt::Unprocessed(err)
+                } else {
+                    Attempt::Failed(err, FailureClass::Reset)
+                }
             };
             let mut sender = match sender.ready().await {
                 Ok(s) => s,
@@ -569,6 +579,20 @@ pub(super) async fn proxy(
                     backoff(w, up, attempts, plan.total_deadline).await;
                     continue;
                 }
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !body_read).await;
+            }
+            Attempt::Unprocessed(err) => {
+                // Not the endpoint's failure: nothing recorded. Sent again once for free
+                // (like a request on a stale pooled HTTP/1.1 connection), then by the policy.
+                drop(inflight);
+                drop(ticket);
+                tracing::debug!(request_id = %info.rid.as_str(), error = %err, "the upstream did not process the request; sending it again");
+                if !body_touched && (!resent || retry.allowed_unprocessed(true, &mut retry_slot)) {
+                    resent = true;
+                    continue;
+                }
+                log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !body_read).await;
             }
