@@ -573,3 +573,51 @@ fn a_stream_the_upstream_refused_unprocessed_is_sent_again_even_for_post() {
         .sum();
     assert_eq!(failures, 0.0, "{m:?}");
 }
+
+#[test]
+fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
+    // The origin takes one stream at a time; the first is held for 3 s (its head comes at
+    // once, its body's end 3 s later).
+    let origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::Builder::new()
+            .max_concurrent_streams(1)
+            .handshake::<_, Bytes>(tcp)
+            .await
+        else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            tokio::spawn(async move {
+                if req.uri().path() != "/hold" {
+                    return serve_big_or_small(req, respond).await;
+                }
+                // The head at once, the end of the body 3 s later.
+                let resp = http::Response::builder().status(200).body(()).unwrap();
+                let Ok(mut send) = respond.send_response(resp, false) else {
+                    return;
+                };
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let _ = send.send_data(Bytes::from_static(b"held"), true);
+            });
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "response_timeout = \"1s\"");
+    let mut a = Client::connect(proxy.addr);
+    a.send(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    // The PUT's stream is queued behind the held one: it fails by its response timeout (1 s),
+    // not when the held stream ends (or after the send timeout its body writes would allow).
+    let started = Instant::now();
+    let mut b = Client::connect(proxy.addr);
+    b.stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    b.send(b"PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    let r = b.read_response(false).expect("an answer in time");
+    assert_eq!(r.status, 504);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -152,6 +152,23 @@ async fn send_all(
     }
 }
 
+/// Waits until `send` may carry DATA: open (not queued behind the peer's stream limit) with
+/// some window.
+async fn stream_open(send: &mut h2::SendStream<Bytes>) -> Result<(), h2::Error> {
+    send.reserve_capacity(1);
+    std::future::poll_fn(|cx| loop {
+        match send.poll_capacity(cx) {
+            std::task::Poll::Ready(Some(Ok(0))) => continue,
+            std::task::Poll::Ready(Some(Ok(_))) => return std::task::Poll::Ready(Ok(())),
+            std::task::Poll::Ready(Some(Err(e))) => return std::task::Poll::Ready(Err(e)),
+            // The stream ended (reset) without an error: the response says why.
+            std::task::Poll::Ready(None) => return std::task::Poll::Ready(Ok(())),
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+        }
+    })
+    .await
+}
+
 /// Streams the client's request body (after the head, in `rbuf`, then from `stream`) into
 /// `send`.
 #[allow(clippy::too_many_arguments)]
@@ -442,6 +459,27 @@ pub(super) async fn proxy(
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
+            if !end_stream {
+                // A stream queued behind the peer's stream limit gets no window until it
+                // opens: that wait counts against the response deadline, not against the
+                // (longer) send timeout of each body write.
+                let opened = monoio::time::timeout_at(
+                    monoio::time::Instant::from_std(head_deadline),
+                    stream_open(&mut stream),
+                )
+                .await;
+                match opened {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break 'attempt reset(e),
+                    Err(_) => {
+                        break 'attempt Attempt::Failed(
+                            Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                                .with_cause("no stream free on the upstream connection in time"),
+                            FailureClass::Timeout,
+                        )
+                    }
+                }
+            }
             let head =
                 monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
             let gone = conn.stream.gone_watch();
