@@ -621,3 +621,37 @@ fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
+    let proxy = proxy_to_h2(h2_origin());
+    rt().block_on(async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        // More metadata entries than `http.max_headers` (100), small enough for HTTP/2.
+        let mut req = http::Request::builder()
+            .method("POST")
+            .uri("http://svc.test/echo.Svc/Unary")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        for i in 0..120 {
+            req = req.header(format!("x-m-{i}"), "1");
+        }
+        let mut c = client.ready().await.unwrap();
+        let (resp, mut send) = c.send_request(req.body(()).unwrap(), false).unwrap();
+        let _ = send.send_data(Bytes::from(frame(b"x")), true);
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
+        assert_eq!(
+            resp.headers()["grpc-status"],
+            "8",
+            "RESOURCE_EXHAUSTED: {:?}",
+            resp.headers()
+        );
+        assert!(resp.body().is_end_stream(), "trailers-only");
+    });
+}

@@ -132,14 +132,16 @@ struct Pipes {
 
 type Shared = Rc<Pipes>;
 
-/// Creates the two ends: the proxy's virtual connection and the HTTP/2 stream's end.
-pub fn pair(sni: Option<Rc<str>>, tls: bool) -> (VirtualConn, StreamEnd) {
+/// Creates the two ends: the proxy's virtual connection and the HTTP/2 stream's end. `grpc`:
+/// the request says it is a gRPC call (its content type).
+pub fn pair(sni: Option<Rc<str>>, tls: bool, grpc: bool) -> (VirtualConn, StreamEnd) {
     let pipes: Shared = Rc::default();
     (
         VirtualConn {
             pipes: pipes.clone(),
             sni,
             tls,
+            grpc,
         },
         StreamEnd { pipes },
     )
@@ -151,6 +153,7 @@ pub struct VirtualConn {
     pipes: Shared,
     sni: Option<Rc<str>>,
     tls: bool,
+    grpc: bool,
 }
 
 impl VirtualConn {
@@ -162,6 +165,12 @@ impl VirtualConn {
     /// Whether the HTTP/2 connection is TLS.
     pub fn is_tls(&self) -> bool {
         self.tls
+    }
+
+    /// Whether the stream's request is a gRPC call (by its content type): its errors are
+    /// gRPC statuses even before its head is parsed.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
     }
 
     /// A second handle on the request direction, usable while this connection writes the

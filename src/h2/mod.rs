@@ -323,7 +323,11 @@ async fn stream(
     let head_request = parts.method == http::Method::HEAD;
     let chunked =
         !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-    let (vconn, end) = bridge::pair(info.sni.clone(), info.tls);
+    let grpc = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
+    let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
     // The request head becomes the pipe's first bytes as it is (the proxy side is not running
     // yet; HTTP/2 bounds header lists).
     end.put_first(h1_head(&parts, chunked));

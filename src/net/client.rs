@@ -81,6 +81,11 @@ impl ClientStream {
         }
     }
 
+    /// Whether this is an HTTP/2 stream carrying a gRPC call (its errors are gRPC statuses).
+    pub fn is_grpc(&self) -> bool {
+        matches!(self, ClientStream::Virtual(v) if v.is_grpc())
+    }
+
     /// A watch on whether the client still takes the response, for an HTTP/2 stream (whose
     /// reset says so at once); `None` for sockets.
     pub fn gone_watch(&self) -> Option<crate::h2::bridge::GoneWatch> {

@@ -197,7 +197,8 @@ async fn envelope_response(
     let Some(status) = kind.status() else {
         return false;
     };
-    if let Some(req) = req.filter(|r| r.grpc) {
+    // (A request rejected before its head was parsed is known for gRPC by its stream.)
+    if req.map_or_else(|| stream.is_grpc(), |r| r.grpc) {
         // gRPC clients read errors from grpc-status: a trailers-only response (its HEADERS
         // frame ends the stream), with the classification as grpc-message.
         let mut digits = [0u8; 20];
@@ -212,7 +213,7 @@ async fn envelope_response(
             headers: &headers,
             body: b"",
         };
-        return send(w, cg, stream, resp, Some(req), rid, close).await;
+        return send(w, cg, stream, resp, req, rid, close).await;
     }
     let mut body = w.pool.take();
     if envelope(&mut body, kind.code(), message, rid).is_err() {
