@@ -655,3 +655,33 @@ fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
         assert!(resp.body().is_end_stream(), "trailers-only");
     });
 }
+
+#[test]
+fn the_free_resend_of_a_refused_stream_leaves_the_retry_policy_its_attempts() {
+    // Stream 1 is refused (unprocessed), stream 2 reset mid-way (a retryable reset),
+    // stream 3 answered: with the default two attempts, the client gets the answer.
+    let streams = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = streams.clone();
+    let origin = tokio_server(move |tcp| {
+        let seen = seen.clone();
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                match seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                    0 => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                    1 => respond.send_reset(h2::Reason::INTERNAL_ERROR),
+                    _ => {
+                        tokio::spawn(serve_big_or_small(req, respond));
+                    }
+                }
+            }
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let mut c = Client::connect(proxy.addr);
+    let r = c.get("/x");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -626,8 +626,13 @@ pub(super) async fn proxy(
                 drop(inflight);
                 drop(ticket);
                 tracing::debug!(request_id = %info.rid.as_str(), error = %err, "the upstream did not process the request; sending it again");
-                if !body_touched && (!resent || retry.allowed_unprocessed(true, &mut retry_slot)) {
+                if !body_touched && !resent {
                     resent = true;
+                    attempts -= 1; // not an attempt of the retry policy
+                    continue;
+                }
+                if !body_touched && retry.allowed_unprocessed(true, &mut retry_slot) {
+                    backoff(w, up, attempts, plan.total_deadline).await;
                     continue;
                 }
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
