@@ -87,6 +87,43 @@ fn an_idempotent_request_on_a_stale_connection_is_replayed_once() {
 }
 
 #[test]
+fn the_resend_on_a_stale_connection_fits_a_connection_cap_of_one() {
+    // With one connection allowed, the stale one must give its slot back before the resend
+    // asks for a new one: not a failure of the endpoint, not a retry.
+    for linger in [0, 30] {
+        let (addr, conns, seen) = closing_origin(Duration::from_millis(linger));
+        let proxy = Proxy::start(&format!(
+            "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\nmax_connections = 1\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+        ));
+        let mut c = proxy.connect();
+        for i in 0..5 {
+            let r = c.get(&format!("/req{i}"));
+            assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        }
+        assert_eq!(seen.lock().unwrap().len(), 5);
+        assert_eq!(conns.load(Ordering::SeqCst), 5);
+        let m = metrics(proxy.addr);
+        let count = |prefix: &str| -> f64 {
+            m.iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, v)| v)
+                .sum()
+        };
+        assert_eq!(
+            count("ringway_upstream_failures_total"),
+            0.0,
+            "linger {linger}: {m:?}"
+        );
+        assert_eq!(
+            count("ringway_upstream_retries_total"),
+            0.0,
+            "linger {linger}"
+        );
+    }
+}
+
+#[test]
 fn connection_close_responses_are_not_pooled() {
     let origin = Origin::start(|_| {
         Reply::Full(

@@ -655,6 +655,15 @@ pub(super) async fn proxy(
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !bstate.done).await;
             }
+            Exchange::Local(err) => {
+                // Neither the breaker nor outlier detection hears of it (the ticket's drop
+                // gives a probe back).
+                drop(inflight);
+                drop(ticket);
+                add(&stats.saturated, 1);
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
             Exchange::HeadTooLarge => {
                 conn.consume_head(head_len);
                 return fail(
@@ -793,12 +802,33 @@ pub(super) async fn collect_body(
     }
 }
 
+/// A new connection to send a request again on, its stale predecessor dropped first (so that
+/// a connection cap counts its slot as free); otherwise how the exchange ends: `failed` (the
+/// stale connection's error) when connecting fails, a local refusal at the cap.
+async fn reconnect(
+    w: &Worker,
+    up: &UpstreamRt,
+    inflight: &InFlight,
+    failed: Error,
+) -> Result<UpConn, Exchange> {
+    match up.connect(inflight.endpoint(), true, false, w.now()).await {
+        Ok(c) => Ok(c),
+        Err(ConnectError::Busy) => Err(Exchange::Local(Error::new(
+            ErrorKind::UpstreamSaturated,
+            Side::Internal,
+        ))),
+        Err(_) => Err(Exchange::Failed(failed)),
+    }
+}
+
 /// How one attempt on a connection ended.
 enum Exchange {
     /// A final response head is at the front of the block.
     Head(UpConn, Block),
     /// The upstream failed before a response head.
     Failed(Error),
+    /// Refused here (the endpoint's connection cap): says nothing about the endpoint.
+    Local(Error),
     /// The rewritten request head does not fit a block.
     HeadTooLarge,
     /// The client failed while its body was streamed.
@@ -867,13 +897,14 @@ async fn exchange(
             let err = Error::upstream_io(e);
             if !fresh && resend_ok && err.kind().retryable(true) {
                 tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; sending again on a new one");
-                match up.connect(inflight.endpoint(), true, false, w.now()).await {
+                drop(upc);
+                match reconnect(w, up, inflight, err).await {
                     Ok(c) => {
                         upc = c;
                         fresh = true;
                         continue;
                     }
-                    Err(_) => return Exchange::Failed(err),
+                    Err(end) => return end,
                 }
             }
             return Exchange::Failed(err);
@@ -945,10 +976,14 @@ async fn exchange(
                 let stray = upc.is_unchecked() && error.kind() == ErrorKind::UpstreamInvalid;
                 if !fresh && resend_ok && ((!got_bytes && error.kind().retryable(true)) || stray) {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
-                    if let Ok(c) = up.connect(inflight.endpoint(), true, false, w.now()).await {
-                        upc = c;
-                        fresh = true;
-                        continue;
+                    drop(upc);
+                    match reconnect(w, up, inflight, error).await {
+                        Ok(c) => {
+                            upc = c;
+                            fresh = true;
+                            continue;
+                        }
+                        Err(end) => return end,
                     }
                 }
                 return Exchange::Failed(error);
