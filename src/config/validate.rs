@@ -529,6 +529,20 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         };
         let mut spec = parse_endpoint(text.trim()).map_err(|why| ctx.error(e.span(), why))?;
         spec.weight = weight;
+        // One entry per name: a weight says how much traffic an endpoint gets (and a name
+        // listed twice would have its addresses twice, also in what a failed lookup keeps).
+        if endpoints
+            .iter()
+            .any(|s: &super::EndpointSpec| s.authority.eq_ignore_ascii_case(&spec.authority))
+        {
+            return Err(ctx.error(
+                e.span(),
+                format!(
+                    "endpoint `{}` is listed twice in upstream `{name}` (use `weight`)",
+                    spec.authority
+                ),
+            ));
+        }
         endpoints.push(spec);
     }
     let response_timeout = ctx.duration(&u.response_timeout, Duration::from_secs(15))?;
@@ -1422,6 +1436,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.http.limits.max_request_line_bytes, 65535);
+    }
+
+    #[test]
+    fn an_endpoint_listed_twice_is_refused() {
+        let e = err(&format!(
+            "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"api.internal:80\", {{ address = \"API.internal:80\", weight = 2 }}]\n"
+        ));
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        // One name and one address that it may resolve to are two endpoints.
+        compile(
+            &format!("{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"localhost:80\", \"127.0.0.1:80\"]\n"),
+            "t.toml",
+        )
+        .unwrap();
     }
 
     #[test]

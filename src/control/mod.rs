@@ -543,5 +543,12 @@ mod tests {
         assert!(e.contains("other.invalid"), "{e}");
         let lenient = resolve(&added, &book, Some(&published), false).unwrap();
         assert_eq!(lenient, previous);
+        // Refresh after failed refresh: what is kept does not grow.
+        let mut last = previous.clone();
+        for round in 2..5 {
+            let p = Published::new(round, Arc::new(gen.clone()), last.clone(), &book);
+            last = resolve(&gen, &book, Some(&p), false).unwrap();
+            assert_eq!(last, previous, "round {round}");
+        }
     }
 }
