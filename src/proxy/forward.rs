@@ -539,7 +539,7 @@ pub(super) async fn proxy(
         if let Admit::Reject(secs) = ticket.admit {
             add(&stats.circuit_open, 1);
             conn.consume_head(head_len);
-            tracing::debug!(request_id = %info.rid.as_str(), upstream = %up.cfg.name, "circuit open");
+            tracing::debug!(request_id = ?info.rid.as_str(), upstream = %up.cfg.name, "circuit open");
             let close = !bstate.done || !info.keep_alive || w.draining();
             if !bstate.done {
                 conn.linger = true;
@@ -636,7 +636,7 @@ pub(super) async fn proxy(
                     drop(upc);
                     drop(inflight);
                     record(w, up, &ep, ticket, Err(FailureClass::Status5xx));
-                    tracing::debug!(request_id = %info.rid.as_str(), upstream = %up.cfg.name, endpoint = %ep.addr(), status, "retrying after a 5xx response");
+                    tracing::debug!(request_id = ?info.rid.as_str(), upstream = %up.cfg.name, endpoint = %ep.addr(), status, "retrying after a 5xx response");
                     backoff(w, up, attempts, total_deadline).await;
                     continue;
                 }
@@ -1631,7 +1631,7 @@ async fn relay_response(
         // (A close-delimited body has no leftovers: it ends at the close.)
         Ok(leftover) if leftover > 0 => {
             tracing::warn!(
-                request_id = %info.rid.as_str(),
+                request_id = ?info.rid.as_str(),
                 upstream = up_name,
                 bytes = leftover,
                 "upstream sent bytes beyond its response; its connection is not reused"
@@ -1667,7 +1667,7 @@ async fn relay_response(
                 conn.stream.abort();
                 conn.aborted = true;
                 tracing::warn!(
-                    request_id = %info.rid.as_str(),
+                    request_id = ?info.rid.as_str(),
                     upstream = up_name,
                     endpoint = %upc.addr(),
                     error = %e,
@@ -1831,7 +1831,7 @@ pub(super) fn log_upstream(
     err: &Error,
 ) {
     tracing::warn!(
-        request_id = %info.rid.as_str(),
+        request_id = ?info.rid.as_str(),
         upstream,
         endpoint = ?endpoint,
         kind = err.kind().code(),

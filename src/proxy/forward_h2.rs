@@ -625,7 +625,7 @@ pub(super) async fn proxy(
                 // (like a request on a stale pooled HTTP/1.1 connection), then by the policy.
                 drop(inflight);
                 drop(ticket);
-                tracing::debug!(request_id = %info.rid.as_str(), error = %err, "the upstream did not process the request; sending it again");
+                tracing::debug!(request_id = ?info.rid.as_str(), error = %err, "the upstream did not process the request; sending it again");
                 if !body_touched && !resent {
                     resent = true;
                     attempts -= 1; // not an attempt of the retry policy
@@ -921,7 +921,7 @@ async fn grpc_end(
     } else {
         FailureClass::MidBody
     };
-    tracing::debug!(request_id = %info.rid.as_str(), error = %e, "gRPC response ended with a status");
+    tracing::debug!(request_id = ?info.rid.as_str(), error = %e, "gRPC response ended with a status");
     let mut digits = [0u8; 20];
     let code = crate::http1::encode::decimal(
         u64::from(crate::h2::grpc::status_for(e.kind())),
@@ -952,7 +952,7 @@ fn cut_short(
     let _ = w;
     conn.stream.abort();
     conn.aborted = true;
-    tracing::warn!(request_id = %info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
+    tracing::warn!(request_id = ?info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
     let class = if e.kind() == ErrorKind::UpstreamTimeout {
         FailureClass::Timeout
     } else {

@@ -472,7 +472,7 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         return reserved::answer(w, cg, conn, endpoint, &info, head_len).await;
     }
     if conn.strict_sni && misdirected(conn.stream.sni(), head.host.get(src)) {
-        tracing::debug!(request_id = %rid.as_str(), "host differs from the TLS server name");
+        tracing::debug!(request_id = ?rid.as_str(), "host differs from the TLS server name");
         return answer_local(
             w,
             cg,
@@ -497,7 +497,7 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         cg.gen.routes.lookup(&req, &mut scratch.route)
     };
     let Some(m) = found else {
-        tracing::debug!(request_id = %rid.as_str(), "no route");
+        tracing::debug!(request_id = ?rid.as_str(), "no route");
         return answer_local(
             w,
             cg,
