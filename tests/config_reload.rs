@@ -508,3 +508,50 @@ fn raising_max_connections_by_reload_lets_a_worker_at_its_cap_accept_again() {
     assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
     drop(held);
 }
+
+#[test]
+fn a_reload_that_shortens_the_health_check_interval_applies_at_once() {
+    let failing = Arc::new(AtomicBool::new(false));
+    let f = failing.clone();
+    let origin = Origin::start(move |_| {
+        if f.load(Ordering::SeqCst) {
+            Reply::text(503, "down")
+        } else {
+            Reply::text(200, "up")
+        }
+    });
+    let dir = Dir::new("hc-interval");
+    let config = |interval: &str| {
+        format!(
+            "{BASE}[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n\
+             health_check = {{ path = \"/health\", interval = \"{interval}\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 1 }}\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+            origin.addr
+        )
+    };
+    let (server, addr) = start(&dir, &config("1h"));
+    let admin = server.admin_addr().unwrap();
+    let healthy = || {
+        let key = format!(
+            "ringway_endpoint_healthy{{upstream=\"up\",endpoint=\"{0}\",authority=\"{0}\"}}",
+            origin.addr
+        );
+        metrics(addr).get(&key).copied()
+    };
+    // The first probe (at once) finds it up; the next is an hour away.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while origin.requests().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(healthy(), Some(1.0));
+    failing.store(true, Ordering::SeqCst);
+    dir.write(&config("50ms"));
+    let (status, body) = admin_post(admin, "/-/reload");
+    assert_eq!(status, 200, "{body}");
+    // Probed again within the new interval, not an hour after the last probe.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while healthy() != Some(0.0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(healthy(), Some(0.0), "the endpoint went down and was seen");
+}

@@ -32,7 +32,9 @@ const MAX_STATUS_LINE: usize = 1024;
 #[derive(Debug)]
 struct Track {
     state: Arc<EndpointState>,
-    next_due: Instant,
+    /// When the last probe started (the next is due an `interval` later, by the interval in
+    /// force now: a reload that shortens it takes effect at once).
+    last: Option<Instant>,
     successes: u32,
     failures: u32,
 }
@@ -59,12 +61,12 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 seen.push(key);
                 let t = tracks.entry(key).or_insert_with(|| Track {
                     state: ep.state.clone(),
-                    next_due: now,
+                    last: None,
                     successes: 0,
                     failures: 0,
                 });
-                if now >= t.next_due {
-                    t.next_due = now + hc.interval;
+                if t.last.is_none_or(|last| now >= last + hc.interval) {
+                    t.last = Some(now);
                     due.push((
                         key,
                         ep.addr,
@@ -83,18 +85,23 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 let handles: Vec<_> = due
                     .iter()
                     .map(|(key, addr, authority, hc, _, tls)| {
-                        (
-                            *key,
-                            s.spawn(move || probe(*addr, authority, hc, tls.as_deref())),
-                        )
+                        // A thread the system refuses (a pids limit) is a failed probe,
+                        // not the end of health checking.
+                        let spawned = std::thread::Builder::new()
+                            .name("ringway-probe".into())
+                            .spawn_scoped(s, move || probe(*addr, authority, hc, tls.as_deref()));
+                        (*key, spawned)
                     })
                     .collect();
                 handles
                     .into_iter()
                     .map(|(key, h)| {
-                        let r = h
-                            .join()
-                            .unwrap_or_else(|_| Err("health probe panicked".into()));
+                        let r = match h {
+                            Ok(h) => h
+                                .join()
+                                .unwrap_or_else(|_| Err("health probe panicked".into())),
+                            Err(e) => Err(format!("no thread for the probe: {e}")),
+                        };
                         (key, r)
                     })
                     .collect()
@@ -154,48 +161,69 @@ fn apply(
 }
 
 /// One probe: `GET path` on a new connection (TLS like the upstream's own connections when
-/// it has `tls`); Ok when the status is the expected one.
+/// it has `tls`); Ok when the status is the expected one, all of it (connect, handshake,
+/// request, status line) within the timeout.
 fn probe(
     addr: SocketAddr,
     authority: &str,
     hc: &HealthCheckConfig,
     tls: Option<&crate::tls::client::UpstreamTls>,
 ) -> Result<(), String> {
+    let deadline = Instant::now() + hc.timeout;
     let tcp = TcpStream::connect_timeout(&addr, hc.timeout).map_err(|e| e.to_string())?;
-    // Socket options set through a second handle apply to the stream in use.
-    let sock = tcp.try_clone().map_err(|e| e.to_string())?;
+    let io = Bounded { tcp, deadline };
     match tls {
-        None => exchange(tcp, &sock, authority, hc),
+        None => exchange(io, authority, hc),
         Some(t) => {
             let name = t.name_for(authority)?;
             let conn =
                 rustls::ClientConnection::new(t.config.clone(), name).map_err(|e| e.to_string())?;
-            exchange(rustls::StreamOwned::new(conn, tcp), &sock, authority, hc)
+            exchange(rustls::StreamOwned::new(conn, io), authority, hc)
         }
     }
 }
 
-/// The probe's request and status line over `s` (whose socket is `sock`).
+/// A socket whose every read and write waits at most until `deadline`: a peer that trickles
+/// bytes (a TLS handshake record a byte at a time) cannot stretch a probe past its timeout,
+/// and with it the round and every other endpoint's checks.
+struct Bounded {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Bounded {
+    fn left(&self) -> std::io::Result<Duration> {
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| std::io::ErrorKind::TimedOut.into())
+    }
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
+/// The probe's request and status line over `s`.
 fn exchange<S: Read + Write>(
     mut s: S,
-    sock: &TcpStream,
     authority: &str,
     hc: &HealthCheckConfig,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + hc.timeout;
-    let left = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| "timed out".to_string())
-    };
-    // Both directions are bounded before the first write: over TLS that write runs the
-    // handshake, which reads (a peer that accepts and never answers would hold the probe,
-    // and with it the round and the health thread, forever).
-    sock.set_write_timeout(Some(left()?))
-        .map_err(|e| e.to_string())?;
-    sock.set_read_timeout(Some(left()?))
-        .map_err(|e| e.to_string())?;
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: ringway-health-check\r\nConnection: close\r\n\r\n",
         hc.path
@@ -210,8 +238,6 @@ fn exchange<S: Read + Write>(
         if len == buf.len() {
             return Err("status line too long".into());
         }
-        sock.set_read_timeout(Some(left()?))
-            .map_err(|e| e.to_string())?;
         match s.read(&mut buf[len..]) {
             Ok(0) => return Err("closed before a status line".into()),
             Ok(n) => len += n,
@@ -256,6 +282,58 @@ mod tests {
         assert_eq!(parse_status(b"HTTP/1.1 2000"), None);
     }
 
+    /// A peer that accepts and then sends `first`, then one byte every 100 ms.
+    fn trickling_peer(first: &'static [u8]) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let _ = s.write_all(first);
+            for _ in 0..100 {
+                #[allow(clippy::disallowed_methods)] // a test peer, not a worker
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(b"\x00").is_err() {
+                    return;
+                }
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_probe_ends_at_its_timeout_however_its_peer_trickles() {
+        let hc = HealthCheckConfig {
+            path: "/".into(),
+            expect_status: 0,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            healthy_threshold: 1,
+            unhealthy_threshold: 1,
+        };
+        let spec = crate::tls::client::UpstreamTlsSpec {
+            insecure_skip_verify: true,
+            ..Default::default()
+        };
+        let tls = crate::tls::client::build(&spec, &[b"http/1.1"]).unwrap();
+        // A TLS handshake record announced 16 KiB long, its bytes coming one by one; and a
+        // status line that never ends.
+        for (first, tls) in [
+            (&b"\x16\x03\x03\x40\x00"[..], Some(&tls)),
+            (&b"HTTP/1.1 200"[..], None),
+        ] {
+            let addr = trickling_peer(first);
+            let started = Instant::now();
+            let r = probe(addr, "peer.test:1", &hc, tls);
+            assert!(r.is_err(), "{r:?}");
+            assert!(
+                started.elapsed() < Duration::from_millis(900),
+                "tls {}: {:?}",
+                tls.is_some(),
+                started.elapsed()
+            );
+        }
+    }
+
     #[test]
     fn thresholds_flip_health_and_lift_ejection() {
         let state = Arc::new(EndpointState::new(
@@ -273,7 +351,7 @@ mod tests {
         };
         let mut t = Track {
             state: state.clone(),
-            next_due: Instant::now(),
+            last: None,
             successes: 0,
             failures: 0,
         };
