@@ -685,3 +685,55 @@ fn the_free_resend_of_a_refused_stream_leaves_the_retry_policy_its_attempts() {
     assert_eq!((r.status, r.text().as_str()), (200, "small"));
     assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+/// An h2c origin answering "small" to everything.
+fn small_origin() -> SocketAddr {
+    tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, respond))) = conn.accept().await {
+            tokio::spawn(serve_big_or_small(req, respond));
+        }
+    })
+}
+
+#[test]
+fn an_idle_upstream_connection_is_closed_and_its_slot_freed() {
+    let origin = small_origin();
+    let proxy = proxy_to_h2_with(origin, "pool_idle_timeout = \"200ms\"");
+    let key = format!(
+        "ringway_endpoint_connections{{upstream=\"up\",endpoint=\"{origin}\",authority=\"{origin}\"}}"
+    );
+    let mut c = Client::connect(proxy.addr);
+    assert_eq!(c.get("/a").status, 200);
+    assert_eq!(metrics(proxy.addr).get(&key).copied(), Some(1.0));
+    // Busy, it stays.
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(c.get("/b").status, 200);
+    }
+    assert_eq!(metrics(proxy.addr).get(&key).copied(), Some(1.0));
+    // Idle for two timeouts: closed.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(metrics(proxy.addr).get(&key).copied(), Some(0.0));
+    assert_eq!(c.get("/c").status, 200, "and a new one is made");
+}
+
+#[test]
+fn a_worker_without_an_upstream_connection_waits_for_the_cap_to_let_it_open_one() {
+    let origin = small_origin();
+    // Two workers, one connection allowed across them: a worker that has none waits for
+    // the other's to go idle (and be closed) instead of answering 503 at once.
+    let proxy = Proxy::start(&format!(
+        "workers = 2\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nmax_connections = 1\n\
+         pool_idle_timeout = \"100ms\"\nconnect_timeout = \"3s\"\nendpoints = [\"{origin}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    // New client connections spread over both workers (SO_REUSEPORT).
+    for i in 0..10 {
+        let mut c = Client::connect(proxy.addr);
+        let r = c.get(&format!("/r{i}"));
+        assert_eq!((r.status, r.text().as_str()), (200, "small"), "request {i}");
+    }
+}

@@ -343,7 +343,7 @@ async fn acquire(
     replayable: bool,
     tried: &mut Tried,
 ) -> Result<(InFlight, UpConn), AcquireFail> {
-    let mut pending: Option<(Pending<'_>, Instant)> = None;
+    let mut wait = SlotWait::default();
     loop {
         match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
             Ok(ep) => {
@@ -371,8 +371,25 @@ async fn acquire(
             Err(PickError::NoEndpoints) => return Err(AcquireFail::NoEndpoints),
             Err(PickError::Busy) => {}
         }
-        // Every endpoint is at its limit: queue, within max_pending, up to connect_timeout.
-        match &pending {
+        if !wait.wait(w, up).await {
+            return Err(AcquireFail::Saturated);
+        }
+    }
+}
+
+/// A request's wait for a connection while every endpoint is at its limit: queued within
+/// `max_pending`, up to `connect_timeout`, looking again every [`PENDING_POLL`] (connections
+/// free up on any worker). HTTP/1.1 and HTTP/2 upstreams wait alike.
+#[derive(Default)]
+pub(super) struct SlotWait<'a> {
+    pending: Option<(Pending<'a>, Instant)>,
+}
+
+impl<'a> SlotWait<'a> {
+    /// Waits one poll interval; false when the request is to give up (the queue is full, or
+    /// it waited `connect_timeout`).
+    pub(super) async fn wait(&mut self, w: &Worker, up: &'a UpstreamRt) -> bool {
+        match &self.pending {
             None => {
                 let max = up.cfg.max_pending;
                 let queued = up
@@ -383,15 +400,15 @@ async fn acquire(
                     })
                     .is_ok();
                 if !queued {
-                    return Err(AcquireFail::Saturated);
+                    return false;
                 }
-                pending = Some((Pending(&up.shared), w.now() + up.cfg.connect_timeout));
+                self.pending = Some((Pending(&up.shared), w.now() + up.cfg.connect_timeout));
             }
-            Some((_, until)) if w.now() >= *until => return Err(AcquireFail::Saturated),
+            Some((_, until)) if w.now() >= *until => return false,
             Some(_) => {}
         }
-        // Connections free up on any worker; look again shortly.
         monoio::time::sleep(PENDING_POLL).await;
+        true
     }
 }
 

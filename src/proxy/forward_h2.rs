@@ -5,11 +5,14 @@
 //!
 //! The attempt loop mirrors `forward::proxy`: the breaker before every attempt, a pick that
 //! avoids endpoints tried, retries by the same policy and budget (a stream the upstream
-//! did not process, refused or beyond its GOAWAY, is sent again whatever the method), passive health and the breaker fed with each outcome.
+//! did not process, refused or beyond its GOAWAY, is sent again whatever the method), a
+//! wait for a connection like an HTTP/1.1 request's when every endpoint is at its limit,
+//! passive health and the breaker fed with each outcome.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,7 +21,7 @@ use monoio::io::AsyncReadRent;
 
 use super::forward::{
     backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
-    BodyPlan, Retry, RetrySlot, Ticket,
+    BodyPlan, Retry, RetrySlot, SlotWait, Ticket,
 };
 use super::io::{race, read_by, write_all_by, Either};
 use super::{respond, ClientConn, ReqInfo};
@@ -31,7 +34,10 @@ use crate::http1::{
 };
 use crate::observe::metrics::add;
 use crate::route::{Params, ProxyAction, Route};
-use crate::upstream::{Admit, FailureClass, PickError, Tried, UpstreamRt};
+use crate::upstream::h2pool::StreamSlot;
+use crate::upstream::{
+    Admit, ConnectError, EndpointRt, FailureClass, InFlight, PickError, Tried, UpstreamRt,
+};
 use crate::worker::{CoreGen, Worker};
 
 /// How long a bidirectional call's client may send nothing while its response streams down
@@ -149,6 +155,58 @@ async fn send_all(
             .with_cause("stream closed while sending")),
         Err(SendFail::Stalled) => Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
             .with_cause("the upstream granted no window for the request body in time")),
+    }
+}
+
+/// An endpoint (its in-flight count taken) and a stream on one of its connections, or why
+/// there is no stream on it (a failed connect); `Err` when there is no endpoint to try, or
+/// every one stayed at its limit as long as a request may wait (like an HTTP/1.1 request's
+/// wait for a connection: a worker without a connection of its own waits for the cap across
+/// workers to let it open one).
+#[allow(clippy::type_complexity)]
+async fn acquire(
+    w: &Worker,
+    up: &UpstreamRt,
+    key: Option<u64>,
+    tried: &mut Tried,
+) -> Result<
+    (
+        Rc<EndpointRt>,
+        InFlight,
+        Result<(h2::client::SendRequest<Bytes>, StreamSlot), Error>,
+    ),
+    PickError,
+> {
+    let mut wait = SlotWait::default();
+    loop {
+        match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
+            Ok(ep) => {
+                let inflight = ep.begin(w.id);
+                let err = match up.h2_stream(&ep).await {
+                    Ok(stream) => {
+                        tried.add(&ep);
+                        return Ok((ep, inflight, Ok(stream)));
+                    }
+                    Err(ConnectError::Busy) => None, // at the cap across workers: wait
+                    Err(ConnectError::TimedOut) => Some(Error::new(
+                        ErrorKind::UpstreamConnectTimeout,
+                        Side::Upstream,
+                    )),
+                    Err(ConnectError::Failed(io)) => {
+                        Some(Error::new(ErrorKind::UpstreamConnect, Side::Upstream).with_cause(io))
+                    }
+                };
+                if let Some(err) = err {
+                    tried.add(&ep);
+                    return Ok((ep, inflight, Err(err)));
+                }
+            }
+            Err(PickError::NoEndpoints) => return Err(PickError::NoEndpoints),
+            Err(PickError::Busy) => {}
+        }
+        if !wait.wait(w, up).await {
+            return Err(PickError::Busy);
+        }
     }
 }
 
@@ -377,8 +435,9 @@ pub(super) async fn proxy(
             method_retryable: plan.method_retryable,
             total_deadline: plan.total_deadline,
         };
-        let ep = match up.pick(plan.key, &tried, w.now_ms(), Instant::now(), w.shared.epoch) {
-            Ok(ep) => ep,
+        let started = Instant::now();
+        let (ep, inflight, picked) = match acquire(w, up, plan.key, &mut tried).await {
+            Ok(x) => x,
             Err(e) => {
                 conn.consume_head(head_len);
                 let kind = if e == PickError::NoEndpoints {
@@ -398,29 +457,10 @@ pub(super) async fn proxy(
                 .await;
             }
         };
-        tried.add(&ep);
-        let inflight = ep.begin(w.id);
-        let started = Instant::now();
         let outcome: Attempt = 'attempt: {
-            let (sender, slot) = match up.h2_stream(&ep).await {
+            let (sender, slot) = match picked {
                 Ok(x) => x,
-                Err(e) => {
-                    let err = match e {
-                        crate::upstream::ConnectError::TimedOut => {
-                            Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
-                        }
-                        crate::upstream::ConnectError::Busy => {
-                            break 'attempt Attempt::Local(Error::new(
-                                ErrorKind::UpstreamSaturated,
-                                Side::Upstream,
-                            ));
-                        }
-                        crate::upstream::ConnectError::Failed(io) => {
-                            Error::new(ErrorKind::UpstreamConnect, Side::Upstream).with_cause(io)
-                        }
-                    };
-                    break 'attempt Attempt::Failed(err, FailureClass::Connect);
-                }
+                Err(err) => break 'attempt Attempt::Failed(err, FailureClass::Connect),
             };
             let req = match build_request(
                 up.cfg.tls.is_some(),

@@ -39,6 +39,8 @@ pub struct Limits {
     pub connection_window: u32,
     /// PING interval while streams are open, and how long such a PING may go unanswered.
     pub keepalive: Option<Duration>,
+    /// A connection without a stream for this long is closed.
+    pub idle: Duration,
 }
 
 /// What a connection's users and its driver share.
@@ -48,6 +50,8 @@ struct Shared {
     streams: Cell<usize>,
     /// The driver ended: no new stream.
     closed: Cell<bool>,
+    /// Streams ever taken (the driver tells an idle connection by it).
+    taken: Cell<u64>,
     /// A request timed out: the driver is to make sure the peer still answers.
     suspect: Cell<bool>,
     /// The driver, to be woken for `suspect`.
@@ -79,9 +83,9 @@ where
     let ping = connection.ping_pong();
     let shared = Rc::new(Shared::default());
     let s = shared.clone();
-    let (every, patience) = (limits.keepalive, limits.connect_timeout);
+    let (every, patience, idle) = (limits.keepalive, limits.connect_timeout, limits.idle);
     monoio::spawn(async move {
-        match drive(connection, ping, &s, every, patience).await {
+        match drive(connection, ping, &s, every, patience, idle).await {
             Ok(()) => {}
             Err(Ended::Error(e)) => {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
@@ -97,6 +101,19 @@ where
     Ok((send, shared))
 }
 
+/// Sends a PING and registers for its PONG (the connection's next poll flushes it): when it
+/// must be answered by; `None` when the connection is closing (its own poll ends the driver).
+fn send_ping(
+    ping: &mut h2::PingPong,
+    cx: &mut std::task::Context<'_>,
+    answer_within: Duration,
+    now: std::time::Instant,
+) -> Option<std::time::Instant> {
+    ping.send_ping(h2::Ping::opaque()).ok()?;
+    let _ = ping.poll_pong(cx);
+    Some(now + answer_within)
+}
+
 /// Why a connection's driver stopped early.
 enum Ended {
     Error(h2::Error),
@@ -107,26 +124,36 @@ enum Ended {
 /// Runs `connection` to its end. A PING goes out when a user marks the connection suspect
 /// (answer within `patience`) and, with `every`, at that interval while streams are open
 /// (answer within `every`); one at a time. A PING unanswered in time gives up on the
-/// connection (dropping it closes the socket, and its streams fail).
+/// connection (dropping it closes the socket, and its streams fail). A connection that
+/// carried no stream for `idle` is closed too (`Ok`): its slot under the upstream's
+/// `max_connections` goes back for any worker to use.
 async fn drive<T>(
     mut connection: h2::client::Connection<T, Bytes>,
     ping: Option<h2::PingPong>,
     shared: &Shared,
     every: Option<Duration>,
     patience: Duration,
+    idle: Duration,
 ) -> Result<(), Ended>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     use std::future::Future;
     use std::task::Poll;
+    use std::time::Instant;
     let Some(mut ping) = ping else {
         return connection.await.map_err(Ended::Error);
     };
-    let idle_wait = every.unwrap_or(Duration::from_secs(3600));
-    let mut timer = std::pin::pin!(monoio::time::sleep(idle_wait));
-    // When the PING in flight must be answered by.
-    let mut waiting = false;
+    let start = Instant::now();
+    // What the timer waits for; the clock is read only when something happens.
+    let mut pong_by: Option<Instant> = None;
+    let mut next_ping = every.map(|e| start + e);
+    let mut next_idle = start + idle;
+    let mut last_taken = shared.taken.get();
+    let first = next_ping.map_or(next_idle, |p| p.min(next_idle));
+    let mut timer = std::pin::pin!(monoio::time::sleep_until(monoio::time::Instant::from_std(
+        first
+    )));
     let mut poll_conn = |cx: &mut std::task::Context<'_>| {
         std::pin::Pin::new(&mut connection)
             .poll(cx)
@@ -136,47 +163,53 @@ where
         if let Poll::Ready(r) = poll_conn(cx) {
             return Poll::Ready(r);
         }
-        if waiting {
+        let mut rearm = false;
+        if pong_by.is_some() {
             if let Poll::Ready(Ok(_)) = ping.poll_pong(cx) {
-                waiting = false;
-                timer
-                    .as_mut()
-                    .reset(monoio::time::Instant::now() + idle_wait);
+                pong_by = None;
+                rearm = true;
             }
             // (An error: the connection failed, and its own poll says why.)
         }
+        if shared.suspect.replace(false) && pong_by.is_none() {
+            pong_by = send_ping(&mut ping, cx, patience, Instant::now());
+            rearm = true;
+        }
         loop {
-            let suspect = shared.suspect.replace(false);
-            let due = timer.as_mut().poll(cx).is_ready();
-            if waiting {
-                if due {
-                    return Poll::Ready(Err(Ended::Unanswered));
+            if rearm {
+                let mut at = next_idle;
+                for d in [pong_by, next_ping].into_iter().flatten() {
+                    at = at.min(d);
                 }
+                timer.as_mut().reset(monoio::time::Instant::from_std(at));
+            }
+            if timer.as_mut().poll(cx).is_pending() {
                 break;
             }
-            let keepalive = due && every.is_some() && shared.streams.get() > 0;
-            if due && !keepalive {
-                timer
-                    .as_mut()
-                    .reset(monoio::time::Instant::now() + idle_wait);
+            let now = Instant::now();
+            if pong_by.is_some_and(|d| now >= d) {
+                return Poll::Ready(Err(Ended::Unanswered));
             }
-            if !(suspect || keepalive) {
-                if !due {
-                    break;
+            if let (Some(d), Some(e)) = (next_ping, every) {
+                if now >= d {
+                    next_ping = Some(now + e);
+                    if shared.streams.get() > 0 && pong_by.is_none() {
+                        pong_by = send_ping(&mut ping, cx, e, now);
+                    }
                 }
-                continue;
             }
-            if ping.send_ping(h2::Ping::opaque()).is_err() {
-                // The connection is closing: its own poll ends the driver.
-                break;
+            if now >= next_idle {
+                let taken = shared.taken.get();
+                if shared.streams.get() == 0 && taken == last_taken {
+                    return Poll::Ready(Ok(()));
+                }
+                last_taken = taken;
+                next_idle = now + idle;
             }
-            waiting = true;
-            let answer_within = if suspect { patience } else { idle_wait };
-            timer
-                .as_mut()
-                .reset(monoio::time::Instant::now() + answer_within);
-            // Register for the PONG, flush the PING, and let the timer register.
-            let _ = ping.poll_pong(cx);
+            rearm = true;
+        }
+        if pong_by.is_some() {
+            // Flush a PING just queued.
             if let Poll::Ready(r) = poll_conn(cx) {
                 return Poll::Ready(r);
             }
@@ -208,6 +241,7 @@ impl Conn {
     fn take_stream(&self) -> (SendRequest<Bytes>, StreamSlot) {
         let s = &self.shared;
         s.streams.set(s.streams.get() + 1);
+        s.taken.set(s.taken.get().wrapping_add(1));
         (self.send.clone(), StreamSlot(s.clone()))
     }
 

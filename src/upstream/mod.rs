@@ -661,6 +661,7 @@ impl UpstreamRt {
                     stream_window: self.cfg.h2_stream_window,
                     connection_window: self.cfg.h2_connection_window,
                     keepalive: self.cfg.h2_keepalive,
+                    idle: self.cfg.pool_idle_timeout,
                 },
                 self.cfg.tls.as_deref(),
             )
