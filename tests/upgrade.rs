@@ -144,6 +144,36 @@ fn a_raw_upgrade_tunnels_bytes_both_ways_with_half_close() {
 }
 
 #[test]
+fn a_tunnel_counts_as_in_flight_on_its_endpoint_while_it_lasts() {
+    // least_conn and p2c_ewma read this count: a WebSocket session is load.
+    let (origin, _) = raw_tunnel_origin();
+    let proxy = Proxy::to(origin, "");
+    let key = format!(
+        "ringway_endpoint_in_flight{{upstream=\"up\",endpoint=\"{origin}\",authority=\"{origin}\"}}"
+    );
+    let mut c = TcpStream::connect(proxy.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(b"GET /t HTTP/1.1\r\nHost: x\r\nUpgrade: x-echo\r\nConnection: Upgrade\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"hello") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(metrics(proxy.addr).get(&key).copied(), Some(1.0));
+    // The tunnel ends: so does its count.
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(wait_until(Duration::from_secs(2), || metrics(proxy.addr)
+        .get(&key)
+        .copied()
+        == Some(0.0)));
+}
+
+#[test]
 fn h2c_is_never_tunnelled_and_a_declined_upgrade_stays_http() {
     // An h2c-only upgrade is not forwarded; a 101 to it is an invalid response.
     let (origin, seen) = raw_tunnel_origin();

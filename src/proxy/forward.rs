@@ -716,22 +716,25 @@ pub(super) async fn proxy(
     )
     .await;
     let ep = inflight.endpoint().clone();
-    drop(inflight);
     let outcome = if status >= 500 {
         Err(FailureClass::Status5xx)
     } else {
         relayed.upstream_failure.map_or(Ok(()), Err)
     };
-    record(w, up, &ep, ticket, outcome);
     if let Some(pending) = relayed.tunnel {
-        // The request's permits end here; the tunnel holds the two connections.
+        record(w, up, &ep, ticket, outcome);
+        // The request's permits end here; the tunnel holds the two connections, and counts
+        // as in flight on the endpoint.
         add(&w.metrics().tunnels_opened, 1);
         conn.tunnel = Some(Tunnel {
             upstream: upc,
             pending,
+            in_flight: inflight,
         });
         return false;
     }
+    drop(inflight);
+    record(w, up, &ep, ticket, outcome);
     match relayed.reuse {
         Some(reuse) => {
             if reuse.upstream {

@@ -21,7 +21,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use super::io::{race, write_all_by, Either};
 use crate::buf::Block;
 use crate::observe::metrics::add;
-use crate::upstream::UpConn;
+use crate::upstream::{InFlight, UpConn};
 use crate::worker::Worker;
 
 /// A switched exchange waiting for its tunnel: the upstream connection and the upstream bytes
@@ -32,6 +32,9 @@ pub struct Tunnel {
     pub upstream: UpConn,
     /// Upstream bytes still to give the client.
     pub pending: Block,
+    /// The tunnel counts as in flight on its endpoint while it lasts (`least_conn` and
+    /// `p2c_ewma` see WebSocket sessions).
+    pub in_flight: InFlight,
 }
 
 /// Which way a pump moves bytes (for the byte counters).
