@@ -211,16 +211,15 @@ async fn acquire(
 }
 
 /// Waits until `send` may carry DATA: open (not queued behind the peer's stream limit) with
-/// some window.
-async fn stream_open(send: &mut h2::SendStream<Bytes>) -> Result<(), h2::Error> {
+/// some window (`true`), or closed before that (`false`: its response says why).
+async fn stream_open(send: &mut h2::SendStream<Bytes>) -> Result<bool, h2::Error> {
     send.reserve_capacity(1);
     std::future::poll_fn(|cx| loop {
         match send.poll_capacity(cx) {
             std::task::Poll::Ready(Some(Ok(0))) => continue,
-            std::task::Poll::Ready(Some(Ok(_))) => return std::task::Poll::Ready(Ok(())),
+            std::task::Poll::Ready(Some(Ok(_))) => return std::task::Poll::Ready(Ok(true)),
             std::task::Poll::Ready(Some(Err(e))) => return std::task::Poll::Ready(Err(e)),
-            // The stream ended (reset) without an error: the response says why.
-            std::task::Poll::Ready(None) => return std::task::Poll::Ready(Ok(())),
+            std::task::Poll::Ready(None) => return std::task::Poll::Ready(Ok(false)),
             std::task::Poll::Pending => return std::task::Poll::Pending,
         }
     })
@@ -499,18 +498,45 @@ pub(super) async fn proxy(
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
+            let gone = conn.stream.gone_watch();
             if !end_stream {
                 // A stream queued behind the peer's stream limit gets no window until it
                 // opens: that wait counts against the response deadline, not against the
                 // (longer) send timeout of each body write.
                 let opened = monoio::time::timeout_at(
                     monoio::time::Instant::from_std(head_deadline),
-                    stream_open(&mut stream),
+                    unless_gone(gone.as_ref(), stream_open(&mut stream)),
                 )
                 .await;
                 match opened {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => break 'attempt reset(e),
+                    Ok(Some(Ok(true))) => {}
+                    Ok(Some(Ok(false))) => {
+                        // Closed while queued (refused, or beyond a GOAWAY): its response
+                        // says how, and no body byte was taken yet (it may be sent again).
+                        let head = monoio::time::timeout_at(
+                            monoio::time::Instant::from_std(head_deadline),
+                            resp,
+                        );
+                        break 'attempt match head.await {
+                            Ok(Ok(r)) => Attempt::Response(r, slot),
+                            Ok(Err(e)) => reset(e),
+                            Err(_) => Attempt::Failed(
+                                Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+                                    .with_cause("no response head in time"),
+                                FailureClass::Timeout,
+                            ),
+                        };
+                    }
+                    Ok(Some(Err(e))) => break 'attempt reset(e),
+                    Ok(None) => break 'attempt Attempt::Client(cancelled()),
+                    // The call's own deadline: the client's doing (see the head wait).
+                    Err(_) if call_deadline.is_some() => {
+                        break 'attempt Attempt::Local(
+                            Error::new(ErrorKind::UpstreamTimeout, Side::Upstream).with_cause(
+                                "the call's grpc-timeout passed while it waited for a stream",
+                            ),
+                        )
+                    }
                     Err(_) => {
                         break 'attempt Attempt::Failed(
                             Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
@@ -522,7 +548,6 @@ pub(super) async fn proxy(
             }
             let head =
                 monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
-            let gone = conn.stream.gone_watch();
             let duplex = match body {
                 BodyPlan::Streamed => conn.stream.virtual_reader(),
                 _ => None,

@@ -171,8 +171,13 @@ where
             }
             // (An error: the connection failed, and its own poll says why.)
         }
-        if shared.suspect.replace(false) && pong_by.is_none() {
-            pong_by = send_ping(&mut ping, cx, patience, Instant::now());
+        if shared.suspect.replace(false) {
+            let now = Instant::now();
+            pong_by = match pong_by {
+                None => send_ping(&mut ping, cx, patience, now),
+                // A keep-alive PING is out already: it must be answered as soon.
+                Some(by) => Some(by.min(now + patience)),
+            };
             rearm = true;
         }
         loop {

@@ -319,13 +319,19 @@ impl Endpoints for View<'_> {
 
 /// Whether a connection made for upstream config `a` may serve requests of `b` (the same
 /// upstream in another generation): same protocol, the same TLS settings by content, and for
-/// HTTP/2 the same windows and keep-alive (fixed when a connection is made).
+/// HTTP/2 the same settings its driver took when the connection was made (windows,
+/// keep-alive, idle timeout, PING patience).
 pub fn same_connections(a: &UpstreamConfig, b: &UpstreamConfig) -> bool {
-    a.protocol == b.protocol
-        && a.tls == b.tls
-        && (!a.protocol.is_h2()
-            || (a.h2_stream_window, a.h2_connection_window, a.h2_keepalive)
-                == (b.h2_stream_window, b.h2_connection_window, b.h2_keepalive))
+    let h2 = |u: &UpstreamConfig| {
+        (
+            u.h2_stream_window,
+            u.h2_connection_window,
+            u.h2_keepalive,
+            u.pool_idle_timeout,
+            u.connect_timeout,
+        )
+    };
+    a.protocol == b.protocol && a.tls == b.tls && (!a.protocol.is_h2() || h2(a) == h2(b))
 }
 
 impl UpstreamRt {
