@@ -556,6 +556,15 @@ pub fn metrics(addr: SocketAddr) -> HashMap<String, f64> {
         .collect()
 }
 
+/// The sum of every series of metric `name` (all label sets), 0 when there is none.
+pub fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
+    metrics(addr)
+        .iter()
+        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// One request to the admin listener (a plain thread, one request per connection): the status
 /// and the body.
 pub fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
