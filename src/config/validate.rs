@@ -1439,6 +1439,17 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_configs_compile() {
+        // The default config runs as is, and the example shows keys that exist, in range.
+        for name in ["config/ringway.toml", "config/examples/reverse-proxy.toml"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+            if let Err(e) = crate::config::load(&path) {
+                panic!("{name}: {e}");
+            }
+        }
+    }
+
+    #[test]
     fn an_endpoint_listed_twice_is_refused() {
         let e = err(&format!(
             "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"api.internal:80\", {{ address = \"API.internal:80\", weight = 2 }}]\n"
