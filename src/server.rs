@@ -320,7 +320,16 @@ fn worker_thread(
             return;
         }
     };
-    rt.block_on(worker::serve(id, shared, commands, sockets, move |r| {
-        let _ = ready.send(r);
+    // Tasks keep their panics to themselves (`runtime::spawn_isolated`); one escaping the
+    // event loop itself would leave this worker's listener taking connections no one
+    // accepts. The process ends then, for its supervisor to start it again.
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(worker::serve(id, shared, commands, sockets, move |r| {
+            let _ = ready.send(r);
+        }))
     }));
+    if served.is_err() {
+        tracing::error!(worker = id, "the worker's event loop panicked; exiting");
+        std::process::exit(70);
+    }
 }

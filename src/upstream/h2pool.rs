@@ -84,7 +84,7 @@ where
     let shared = Rc::new(Shared::default());
     let s = shared.clone();
     let (every, patience, idle) = (limits.keepalive, limits.connect_timeout, limits.idle);
-    monoio::spawn(async move {
+    drop(crate::worker::runtime::spawn_isolated(async move {
         match drive(connection, ping, &s, every, patience, idle).await {
             Ok(()) => {}
             Err(Ended::Error(e)) => {
@@ -97,7 +97,7 @@ where
         s.closed.set(true);
         s.driver.borrow_mut().take();
         state.close_connection();
-    });
+    }));
     Ok((send, shared))
 }
 

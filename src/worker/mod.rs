@@ -106,7 +106,7 @@ fn spawn_accept(
     tls: Option<Arc<crate::tls::TlsListener>>,
 ) -> monoio::task::JoinHandle<()> {
     let slot = w.add_listener(addr, configured, tls);
-    monoio::spawn(accept_loop(w.clone(), l, slot))
+    runtime::spawn_isolated(accept_loop(w.clone(), l, slot))
 }
 
 async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot>) {

@@ -104,5 +104,92 @@ where
     slot.write(make());
     // SAFETY: `slot` was initialized by the write just above.
     let fut = Box::into_pin(unsafe { slot.assume_init() });
-    drop(monoio::spawn(fut));
+    drop(monoio::spawn(Isolated(Some(fut))));
+}
+
+/// Spawns a task whose panic ends only that task (see [`Isolated`]); its handle.
+pub fn spawn_isolated<F>(fut: F) -> monoio::task::JoinHandle<()>
+where
+    F: std::future::Future + 'static,
+    F::Output: 'static,
+{
+    monoio::spawn(Isolated(Some(Box::pin(fut))))
+}
+
+/// A task that keeps a panic to itself. monoio does not catch panics in tasks: one unwinds
+/// out of the worker's event loop and ends the worker thread, whose tasks are never freed
+/// and whose SO_REUSEPORT listener keeps taking its share of new connections with no one to
+/// accept them. Here the panic ends the task instead (its future is dropped, closing what
+/// it held, such as its connection), is logged, and the worker serves on.
+struct Isolated<F>(Option<std::pin::Pin<Box<F>>>);
+
+impl<F: std::future::Future> std::future::Future for Isolated<F> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let Some(fut) = self.0.as_mut() else {
+            return std::task::Poll::Ready(());
+        };
+        // Unwind safety: after a panic the future is only dropped, never polled again.
+        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(_)) => {
+                self.0 = None;
+                std::task::Poll::Ready(())
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %what, "a task panicked; it was ended, the worker goes on");
+                let fut = self.0.take();
+                // A destructor that panics too is kept to this task as well.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(fut)));
+                std::task::Poll::Ready(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    #[test]
+    fn a_panicking_task_ends_alone() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        let survived = rt.block_on(async {
+            let done = Rc::new(Cell::new(0));
+            let crashed = spawn_isolated(async {
+                monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+                panic!("a bug in one connection's task");
+            });
+            let d = done.clone();
+            spawn_large(move || async move {
+                monoio::time::sleep(std::time::Duration::from_millis(5)).await;
+                d.set(d.get() + 1);
+            });
+            let d = done.clone();
+            spawn_large(move || async move {
+                if d.get() == 0 {
+                    panic!("another, in a task built in place");
+                }
+            });
+            crashed.await;
+            monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+            done.get()
+        });
+        assert_eq!(survived, 1, "the other task ran to its end");
+    }
 }
