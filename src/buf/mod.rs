@@ -18,12 +18,15 @@ use std::rc::Rc;
 
 use monoio::buf::{IoBuf, IoBufMut};
 
-/// Idle blocks a pool keeps for reuse; beyond this, returned blocks are freed.
+/// Idle blocks a pool keeps for reuse at the most, whatever their size allows.
 pub const MAX_FREE_BLOCKS: usize = 4096;
 
 struct PoolShared {
     block_size: usize,
     free: RefCell<Vec<Box<[u8]>>>,
+    /// Idle blocks kept for reuse; beyond, returned blocks are freed (memory a burst took is
+    /// given back rather than held for good).
+    max_free: std::cell::Cell<usize>,
 }
 
 /// A worker's pool of equally sized blocks.
@@ -48,8 +51,18 @@ impl BufPool {
             shared: Rc::new(PoolShared {
                 block_size: block_size.max(1024),
                 free: RefCell::new(Vec::new()),
+                max_free: std::cell::Cell::new(MAX_FREE_BLOCKS),
             }),
         }
+    }
+
+    /// Keeps at most `bytes` of idle blocks (whole blocks, at most [`MAX_FREE_BLOCKS`]);
+    /// idle blocks beyond go back to the allocator now.
+    pub fn set_idle_bytes(&self, bytes: usize) {
+        let s = &self.shared;
+        let max = (bytes / s.block_size).min(MAX_FREE_BLOCKS);
+        s.max_free.set(max);
+        s.free.borrow_mut().truncate(max);
     }
 
     /// Size in bytes of every block of this pool.
@@ -217,7 +230,7 @@ impl Drop for Block {
         if let Some(mem) = self.mem.take() {
             if mem.len() == self.pool.block_size {
                 let mut free = self.pool.free.borrow_mut();
-                if free.len() < MAX_FREE_BLOCKS {
+                if free.len() < self.pool.max_free.get() {
                     free.push(mem);
                 }
             }
@@ -260,6 +273,22 @@ unsafe impl IoBufMut for Block {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_blocks_are_capped_in_bytes() {
+        let pool = BufPool::new(64 * 1024);
+        pool.set_idle_bytes(1024 * 1024);
+        // A burst of 100 blocks in use at once: 16 stay idle after it, the rest are freed.
+        let burst: Vec<Block> = (0..100).map(|_| pool.take()).collect();
+        drop(burst);
+        assert_eq!(pool.idle(), 16);
+        // Lowered live: idle blocks beyond go at once.
+        pool.set_idle_bytes(128 * 1024);
+        assert_eq!(pool.idle(), 2);
+        pool.set_idle_bytes(0);
+        drop(pool.take());
+        assert_eq!(pool.idle(), 0);
+    }
 
     #[test]
     fn blocks_are_reused() {

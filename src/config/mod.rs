@@ -169,6 +169,9 @@ pub struct HttpConfig {
     pub send_timeout: Duration,
     /// A tunnel (after a 101) with no byte either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// Idle bytes each of a worker's two block pools keeps for reuse after a burst; beyond,
+    /// returned blocks are freed.
+    pub buffer_pool_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -182,6 +185,7 @@ impl Default for HttpConfig {
             body_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(300),
+            buffer_pool_bytes: 16 * 1024 * 1024,
         }
     }
 }

@@ -78,6 +78,7 @@ pub(crate) struct RawHttp {
     pub(crate) body_timeout: Option<Spanned<String>>,
     pub(crate) send_timeout: Option<Spanned<String>>,
     pub(crate) tunnel_idle_timeout: Option<Spanned<String>>,
+    pub(crate) buffer_pool_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -494,6 +494,12 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
         body_timeout: ctx.duration(&h.body_timeout, d.body_timeout)?,
         send_timeout: ctx.duration(&h.send_timeout, d.send_timeout)?,
         tunnel_idle_timeout: ctx.duration(&h.tunnel_idle_timeout, d.tunnel_idle_timeout)?,
+        buffer_pool_bytes: ctx.int(
+            &h.buffer_pool_bytes,
+            d.buffer_pool_bytes as u64,
+            0..(1 << 40),
+            "http.buffer_pool_bytes",
+        )? as usize,
     })
 }
 

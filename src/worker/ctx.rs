@@ -226,6 +226,9 @@ impl Worker {
             shared,
         };
         w.refresh_date();
+        w.pool.set_idle_bytes(published.gen.http.buffer_pool_bytes);
+        w.body_pool
+            .set_idle_bytes(published.gen.http.buffer_pool_bytes);
         w.metrics()
             .generation
             .store(published.number, Ordering::Relaxed);
@@ -382,6 +385,9 @@ impl Worker {
             let published = self.shared.published.load_full();
             let current = self.current();
             if published.number != current.number {
+                let idle = published.gen.http.buffer_pool_bytes;
+                self.pool.set_idle_bytes(idle);
+                self.body_pool.set_idle_bytes(idle);
                 let next = CoreGen::new(&published, self.id, Some(&current));
                 *self.current.borrow_mut() = Rc::new(next);
                 // Accept loops waiting for room below the connection cap check again: a
