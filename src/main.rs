@@ -157,7 +157,7 @@ fn run(gen: Generation) -> ExitCode {
     };
     let handle = server.shutdown_handle();
     let reload = server.reload_handle();
-    let _ = std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("ringway-signals".into())
         .spawn(move || {
             let mut first = true;
@@ -175,6 +175,14 @@ fn run(gen: Generation) -> ExitCode {
                 }
             }
         });
+    // Without the thread that takes them, SIGTERM, SIGINT and SIGHUP would be caught and
+    // never acted on: only SIGKILL would stop the process.
+    if let Err(e) = spawned {
+        eprintln!("ringway: cannot start the signal thread: {e}");
+        server.shutdown();
+        server.join();
+        return ExitCode::FAILURE;
+    }
     server.join();
     tracing::info!("stopped");
     ExitCode::SUCCESS

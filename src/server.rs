@@ -307,8 +307,13 @@ fn worker_thread(
     sockets: Vec<(std::net::TcpListener, SocketAddr)>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
-    if let Some(cpu) = worker::runtime::pin(id, &pinning) {
-        tracing::debug!(worker = id, cpu, "worker pinned");
+    match worker::runtime::pin(id, &pinning) {
+        Some(cpu) => tracing::debug!(worker = id, cpu, "worker pinned"),
+        None if !matches!(pinning, crate::config::CpuPinning::Off) => tracing::warn!(
+            worker = id,
+            "worker not pinned: its CPU is not one this process may run on (see `cpus`)"
+        ),
+        None => {}
     }
     let mut rt = match worker::runtime::build(driver) {
         Ok(rt) => rt,

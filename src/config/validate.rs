@@ -237,6 +237,22 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
                 format!("listener address {address} is configured twice"),
             ));
         }
+        // `[::]:P` takes IPv4 connections too (IPV6_V6ONLY is off), so with `0.0.0.0:P` the
+        // second bind would fail as if another server held the port.
+        let port = address.port();
+        let wildcard = |a: &SocketAddr| a.ip().is_unspecified() && a.port() == port && port != 0;
+        if wildcard(&address)
+            && seen_addrs
+                .iter()
+                .any(|a| a != &address && wildcard(a) && a.is_ipv4() != address.is_ipv4())
+        {
+            return Err(ctx.error(
+                l_ref.address.span(),
+                format!(
+                    "`[::]:{port}` already takes IPv4 connections on port {port}: drop `0.0.0.0:{port}`"
+                ),
+            ));
+        }
         let backlog = ctx.int(&l_ref.backlog, 1024, 1..65535, "backlog")? as u32;
         let tls = match &l_ref.tls {
             None => None,
@@ -1453,6 +1469,21 @@ mod tests {
                 panic!("{name}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn both_wildcards_on_one_port_are_refused() {
+        let e = err(
+            "[[listeners]]\naddress = \"0.0.0.0:8080\"\n[[listeners]]\naddress = \"[::]:8080\"\n",
+        );
+        assert!(e.to_string().contains("takes IPv4 connections"), "{e}");
+        // Other ports, or specific addresses, are fine.
+        compile(
+            "[[listeners]]\naddress = \"0.0.0.0:8080\"\n[[listeners]]\naddress = \"[::]:8081\"\n\
+             [[listeners]]\naddress = \"[::1]:8080\"\n",
+            "t.toml",
+        )
+        .unwrap();
     }
 
     #[test]
