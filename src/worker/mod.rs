@@ -120,8 +120,18 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
         if slot.stopped() {
             break;
         }
-        match or_event(&slot.stop, listener.accept()).await {
-            None => break,
+        let canceller = monoio::io::Canceller::new();
+        let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
+        match or_event(&slot.stop, accept.as_mut()).await {
+            None => {
+                // Told to stop: cancel the accept in flight, and serve what it still brings
+                // (dropping it could lose a connection the kernel already accepted).
+                canceller.cancel();
+                if let Ok((stream, peer)) = accept.await {
+                    spawn_connection(&w, &slot, stream, peer);
+                }
+                break;
+            }
             Some(Ok((stream, peer))) => spawn_connection(&w, &slot, stream, peer),
             Some(Err(e)) => {
                 if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
@@ -136,12 +146,20 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
     // take them and answer their first request (with `Connection: close` when draining).
     let drain_until = Instant::now() + BACKLOG_DRAIN_TOTAL;
     while Instant::now() < drain_until {
-        let Ok(Ok((stream, peer))) =
-            monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
-        else {
-            break;
-        };
-        spawn_connection(&w, &slot, stream, peer);
+        let canceller = monoio::io::Canceller::new();
+        let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
+        match monoio::time::timeout(BACKLOG_DRAIN_WAIT, accept.as_mut()).await {
+            Ok(Ok((stream, peer))) => spawn_connection(&w, &slot, stream, peer),
+            Ok(Err(_)) => break,
+            Err(_) => {
+                // Nothing more queued: cancel the accept, and serve what it still brings.
+                canceller.cancel();
+                if let Ok((stream, peer)) = accept.await {
+                    spawn_connection(&w, &slot, stream, peer);
+                }
+                break;
+            }
+        }
     }
     tracing::debug!(worker = w.id, listener = %slot.addr, "stopped accepting");
 }
