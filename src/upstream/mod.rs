@@ -681,3 +681,45 @@ impl UpstreamRt {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(keys: &str) -> UpstreamConfig {
+        let gen = crate::config::compile(
+            &format!(
+                "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\"]\n{keys}\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        gen.upstreams[0].clone()
+    }
+
+    #[test]
+    fn http2_connections_are_kept_across_a_reload_only_with_their_drivers_settings() {
+        let h2 = upstream("protocol = \"h2c\"");
+        assert!(same_connections(
+            &h2,
+            &upstream("protocol = \"h2c\"\nretries = { attempts = 3 }")
+        ));
+        for changed in [
+            "h2_stream_window = 65535",
+            "h2_connection_window = 1048576",
+            "h2_keepalive = \"10s\"",
+            "pool_idle_timeout = \"5s\"",
+            "connect_timeout = \"1s\"",
+        ] {
+            let other = upstream(&format!("protocol = \"h2c\"\n{changed}"));
+            assert!(!same_connections(&h2, &other), "{changed}");
+        }
+        // HTTP/1.1 connections take none of those settings: they stay pooled.
+        let h1 = upstream("");
+        assert!(same_connections(
+            &h1,
+            &upstream("pool_idle_timeout = \"5s\"\nh2_keepalive = \"10s\"")
+        ));
+        assert!(!same_connections(&h1, &h2));
+    }
+}
