@@ -292,23 +292,22 @@ impl GoneWatch {
     }
 }
 
-/// Runs `fut` to its end, unless the client behind `gone` goes first (`None`; `fut` is
-/// dropped then). Without a watch (a real connection), it is `fut`.
-pub async fn unless_gone<F: std::future::Future>(
-    gone: Option<&GoneWatch>,
-    fut: F,
-) -> Option<F::Output> {
-    let Some(gone) = gone else {
-        return Some(fut.await);
-    };
-    let mut fut = std::pin::pin!(fut);
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+/// `fut` to its end, unless the client behind `gone` goes first (`None`). Without a watch (a
+/// real connection) it is `fut`. `fut` is pinned by the caller (a `Pin<&mut _>`): this
+/// future holds only two references, which keeps the futures of every request's path small.
+pub fn unless_gone<'a, F: std::future::Future + Unpin + 'a>(
+    gone: Option<&'a GoneWatch>,
+    mut fut: F,
+) -> impl std::future::Future<Output = Option<F::Output>> + 'a {
+    poll_fn(move |cx| {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(cx) {
             return Poll::Ready(Some(out));
         }
-        gone.poll_gone(cx).map(|()| None)
+        match gone {
+            Some(g) => g.poll_gone(cx).map(|()| None),
+            None => Poll::Pending,
+        }
     })
-    .await
 }
 
 /// The request direction of a [`VirtualConn`], apart from it (see [`VirtualConn::reader`]).

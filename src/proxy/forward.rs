@@ -28,7 +28,7 @@ use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
-use crate::h2::bridge::GoneWatch;
+use crate::h2::bridge::{unless_gone, GoneWatch};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
 use crate::http1::{
@@ -1421,19 +1421,7 @@ async fn read_response_head(
                 }
             }
         });
-        // (Polled in place, not handed to `unless_gone`: this future, part of every
-        // request's, stays as small as the read.)
-        let read = std::future::poll_fn(|cx| {
-            use std::future::Future;
-            if let std::task::Poll::Ready(r) = read.as_mut().poll(cx) {
-                return std::task::Poll::Ready(Some(r));
-            }
-            match gone {
-                Some(g) if g.poll_gone(cx).is_ready() => std::task::Poll::Ready(None),
-                _ => std::task::Poll::Pending,
-            }
-        })
-        .await;
+        let read = unless_gone(gone, read.as_mut()).await;
         let Some((res, buf)) = read else {
             return Err(HeadError {
                 error: cancelled(),

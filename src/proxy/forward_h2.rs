@@ -499,13 +499,25 @@ pub(super) async fn proxy(
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
             let gone = conn.stream.gone_watch();
+            // A deadline passing: the call's own grpc-timeout is the client's doing, not a
+            // failure of the upstream (neither the breaker nor outlier detection hears of
+            // it, and it is not retried: DEADLINE_EXCEEDED to the client).
+            let timed_out = |cause: &'static str| {
+                let err = Error::new(ErrorKind::UpstreamTimeout, Side::Upstream);
+                if call_deadline.is_some() {
+                    Attempt::Local(err.with_cause("the call's grpc-timeout passed"))
+                } else {
+                    Attempt::Failed(err.with_cause(cause), FailureClass::Timeout)
+                }
+            };
             if !end_stream {
                 // A stream queued behind the peer's stream limit gets no window until it
                 // opens: that wait counts against the response deadline, not against the
                 // (longer) send timeout of each body write.
+                let open = std::pin::pin!(stream_open(&mut stream));
                 let opened = monoio::time::timeout_at(
                     monoio::time::Instant::from_std(head_deadline),
-                    unless_gone(gone.as_ref(), stream_open(&mut stream)),
+                    unless_gone(gone.as_ref(), open),
                 )
                 .await;
                 match opened {
@@ -520,28 +532,14 @@ pub(super) async fn proxy(
                         break 'attempt match head.await {
                             Ok(Ok(r)) => Attempt::Response(r, slot),
                             Ok(Err(e)) => reset(e),
-                            Err(_) => Attempt::Failed(
-                                Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
-                                    .with_cause("no response head in time"),
-                                FailureClass::Timeout,
-                            ),
+                            Err(_) => timed_out("no response head in time"),
                         };
                     }
                     Ok(Some(Err(e))) => break 'attempt reset(e),
                     Ok(None) => break 'attempt Attempt::Client(cancelled()),
-                    // The call's own deadline: the client's doing (see the head wait).
-                    Err(_) if call_deadline.is_some() => {
-                        break 'attempt Attempt::Local(
-                            Error::new(ErrorKind::UpstreamTimeout, Side::Upstream).with_cause(
-                                "the call's grpc-timeout passed while it waited for a stream",
-                            ),
-                        )
-                    }
                     Err(_) => {
-                        break 'attempt Attempt::Failed(
-                            Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
-                                .with_cause("no stream free on the upstream connection in time"),
-                            FailureClass::Timeout,
+                        break 'attempt timed_out(
+                            "no stream free on the upstream connection in time",
                         )
                     }
                 }
@@ -625,27 +623,20 @@ pub(super) async fn proxy(
                     // The upstream stopped taking the body: it may have answered already.
                 }
                 // A client's reset ends the wait (and the upstream stream with it).
+                let head = std::pin::pin!(head);
                 match unless_gone(gone.as_ref(), head).await {
                     Some(r) => r,
                     None => break 'attempt Attempt::Client(cancelled()),
                 }
             };
             match resp {
-                // Not the upstream's failure: neither the breaker nor outlier detection
-                // hears of it, and it is not retried (DEADLINE_EXCEEDED to the client).
-                Err(_) if call_deadline.is_some() => Attempt::Local(
-                    Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
-                        .with_cause("the call's grpc-timeout passed before the response head"),
-                ),
                 Err(_) => {
-                    // The connection may be dead without a word: it must answer a PING
-                    // now, or it is closed (see `h2pool`).
-                    slot.suspect();
-                    Attempt::Failed(
-                        Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
-                            .with_cause("no response head in time"),
-                        FailureClass::Timeout,
-                    )
+                    if call_deadline.is_none() {
+                        // The connection may be dead without a word: it must answer a PING
+                        // now, or it is closed (see `h2pool`).
+                        slot.suspect();
+                    }
+                    timed_out("no response head in time")
                 }
                 Ok(Err(e)) => reset(e),
                 Ok(Ok(r)) => Attempt::Response(r, slot),

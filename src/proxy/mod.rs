@@ -438,11 +438,8 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         .find(HeaderKind::XRequestId)
         .and_then(|h| RequestId::from_inbound(h.value.get(src)))
         .unwrap_or_else(|| w.ids.next());
-    let grpc = matches!(conn.stream, ClientStream::Virtual(_))
-        && head.headers.iter().any(|h| {
-            h.name.get(src).eq_ignore_ascii_case(b"content-type")
-                && crate::h2::grpc::is_grpc_content_type(h.value.get(src))
-        });
+    // (Decided by the HTTP/2 side from the stream's content type.)
+    let grpc = conn.stream.is_grpc();
     let grpc_deadline = if grpc {
         head.headers
             .iter()

@@ -117,7 +117,7 @@ fn send_ping(
 /// Why a connection's driver stopped early.
 enum Ended {
     Error(h2::Error),
-    /// A PING went unanswered for the keep-alive interval.
+    /// A PING went unanswered in time.
     Unanswered,
 }
 
@@ -219,7 +219,10 @@ where
                 return Poll::Ready(r);
             }
         }
-        *shared.driver.borrow_mut() = Some(cx.waker().clone());
+        let mut driver = shared.driver.borrow_mut();
+        if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *driver = Some(cx.waker().clone());
+        }
         Poll::Pending
     })
     .await
