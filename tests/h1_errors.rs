@@ -348,3 +348,94 @@ fn a_close_delimited_response_cut_short_ends_in_a_reset() {
         .expect_err("a reset, not a clean end");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
 }
+
+/// An origin whose connections each take one request head, report it, never answer, and
+/// report whether ringway then closed the connection ("closed") or not within 5 s ("open").
+fn silent_origin() -> (
+    std::net::SocketAddr,
+    std::sync::mpsc::Receiver<&'static str>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel::<&'static str>();
+    let tx = std::sync::Mutex::new(tx);
+    let addr = raw_origin(move |mut s| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if read_head_raw(&mut s).is_empty() {
+            return;
+        }
+        let _ = tx.lock().unwrap().send("request");
+        let mut b = [0u8; 64];
+        let closed = match s.read(&mut b) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        let _ = tx
+            .lock()
+            .unwrap()
+            .send(if closed { "closed" } else { "open" });
+    });
+    (addr, rx)
+}
+
+#[test]
+fn a_client_closing_while_the_response_is_awaited_cancels_the_upstream_request() {
+    let (origin, rx) = silent_origin();
+    // (the response timeout is 15 s by default)
+    let proxy = Proxy::to(origin, "[http]\nclient_close_check = \"100ms\"\n");
+    for shutdown_only in [false, true] {
+        let mut c = proxy.connect();
+        c.send(b"GET /slow HTTP/1.1\r\nHost: test\r\n\r\n");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(3)), Ok("request"));
+        let gone = Instant::now();
+        if shutdown_only {
+            // A client that shuts down its side is gone too, as nginx counts it.
+            c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        } else {
+            drop(c);
+        }
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(3)),
+            Ok("closed"),
+            "the upstream connection of an abandoned request is closed"
+        );
+        assert!(
+            gone.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            gone.elapsed()
+        );
+    }
+    // The upstream was not blamed: its endpoint still takes requests.
+    let mut c = proxy.connect();
+    c.send(b"GET /again HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(3)), Ok("request"));
+}
+
+#[test]
+fn pipelined_bytes_are_no_close_and_the_close_check_can_be_off() {
+    // Each request is answered after 500 ms.
+    let origin = raw_origin(|mut s| loop {
+        if read_head_raw(&mut s).is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+            .is_err()
+        {
+            return;
+        }
+    });
+    let proxy = Proxy::to(origin, "[http]\nclient_close_check = \"100ms\"\n");
+    let mut c = proxy.connect();
+    c.send(b"GET /1 HTTP/1.1\r\nHost: test\r\n\r\nGET /2 HTTP/1.1\r\nHost: test\r\n\r\n");
+    for _ in 0..2 {
+        let r = c.read_response(false).expect("a response");
+        assert_eq!((r.status, r.text()), (200, "slow".to_string()));
+    }
+
+    // Checking off: a client that shuts down its side after its request is answered.
+    let proxy = Proxy::to(origin, "[http]\nclient_close_check = \"off\"\n");
+    let mut c = proxy.connect();
+    c.send(b"GET /3 HTTP/1.1\r\nHost: test\r\n\r\n");
+    c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = c.read_response(false).expect("a response");
+    assert_eq!((r.status, r.text()), (200, "slow".to_string()));
+}

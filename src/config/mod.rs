@@ -172,6 +172,10 @@ pub struct HttpConfig {
     /// Idle bytes each of a worker's two block pools keeps for reuse after a burst; beyond,
     /// returned blocks are freed.
     pub buffer_pool_bytes: usize,
+    /// A request that has awaited its response head this long has its client socket checked
+    /// for a close, again as often, and a client gone cancels the upstream request. `None`
+    /// (`"off"`): not checked; the upstream request runs to its end or timeout.
+    pub client_close_check: Option<Duration>,
 }
 
 impl Default for HttpConfig {
@@ -186,6 +190,7 @@ impl Default for HttpConfig {
             send_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(300),
             buffer_pool_bytes: 16 * 1024 * 1024,
+            client_close_check: Some(Duration::from_secs(1)),
         }
     }
 }

@@ -79,6 +79,7 @@ pub(crate) struct RawHttp {
     pub(crate) send_timeout: Option<Spanned<String>>,
     pub(crate) tunnel_idle_timeout: Option<Spanned<String>>,
     pub(crate) buffer_pool_bytes: Option<Spanned<i64>>,
+    pub(crate) client_close_check: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -516,6 +516,11 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
             0..(1 << 40),
             "http.buffer_pool_bytes",
         )? as usize,
+        client_close_check: match &h.client_close_check {
+            Some(v) if v.get_ref() == "off" => None,
+            Some(_) => Some(ctx.duration(&h.client_close_check, Duration::ZERO)?),
+            None => d.client_close_check,
+        },
     })
 }
 
@@ -1708,6 +1713,21 @@ mod tests {
         assert!(parse_duration("s").is_err());
         let e = err(&format!("{MIN}[http]\nheader_timeout = \"10 s\"\n"));
         assert_eq!(e.line, 4, "{e}");
+    }
+
+    #[test]
+    fn the_client_close_check_is_a_duration_or_off() {
+        let check = |v: &str| {
+            compile(&format!("{MIN}[http]\n{v}"), "t.toml").map(|g| g.http.client_close_check)
+        };
+        assert_eq!(check("").unwrap(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            check("client_close_check = \"250ms\"\n").unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(check("client_close_check = \"off\"\n").unwrap(), None);
+        assert!(check("client_close_check = \"0s\"\n").is_err());
+        assert!(check("client_close_check = \"never\"\n").is_err());
     }
 
     #[test]

@@ -292,24 +292,6 @@ impl GoneWatch {
     }
 }
 
-/// `fut` to its end, unless the client behind `gone` goes first (`None`). Without a watch (a
-/// real connection) it is `fut`. `fut` is pinned by the caller (a `Pin<&mut _>`): this
-/// future holds only two references, which keeps the futures of every request's path small.
-pub fn unless_gone<'a, F: std::future::Future + Unpin + 'a>(
-    gone: Option<&'a GoneWatch>,
-    mut fut: F,
-) -> impl std::future::Future<Output = Option<F::Output>> + 'a {
-    poll_fn(move |cx| {
-        if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        match gone {
-            Some(g) => g.poll_gone(cx).map(|()| None),
-            None => Poll::Pending,
-        }
-    })
-}
-
 /// The request direction of a [`VirtualConn`], apart from it (see [`VirtualConn::reader`]).
 /// Dropping it closes nothing: the connection's own drop does.
 #[derive(Debug)]

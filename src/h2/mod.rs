@@ -399,7 +399,7 @@ async fn pump_request(end: &bridge::StreamEnd, body: &mut RecvStream, chunked: b
 
 /// The proxy's HTTP/1.1 response into HEADERS and DATA frames. A client's reset is watched
 /// for from the start: it ends the proxy's wait for the upstream (see
-/// [`bridge::unless_gone`]), so a cancelled request stops upstream too.
+/// [`crate::proxy::gone::unless_gone`]), so a cancelled request stops upstream too.
 async fn relay_response(
     end: &bridge::StreamEnd,
     mut respond: SendResponse<Bytes>,

@@ -95,6 +95,15 @@ impl ClientStream {
         }
     }
 
+    /// The socket of a TCP or TLS connection; `None` for an HTTP/2 stream.
+    pub fn socket_fd(&self) -> Option<RawFd> {
+        match self {
+            ClientStream::Plain(s) => Some(s.as_raw_fd()),
+            ClientStream::Tls(_, fd) => Some(*fd),
+            ClientStream::Virtual(_) => None,
+        }
+    }
+
     /// Splits into halves usable at once; `None` for a virtual connection (HTTP/2 streams
     /// are never tunnelled).
     pub fn into_split(self) -> Option<(ReadHalf, WriteHalf)> {

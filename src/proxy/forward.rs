@@ -22,13 +22,13 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Either};
 use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
-use crate::h2::bridge::{unless_gone, GoneWatch};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
 use crate::http1::{
@@ -878,9 +878,9 @@ async fn exchange(
     let head_len = conn.head.len;
     let mut fresh = !upc.is_reused();
     let resend_ok = resendable(info, body);
-    // An HTTP/2 client's reset ends the wait for the response head (and the upstream
-    // request with it).
-    let gone = conn.stream.gone_watch();
+    // A client gone (an HTTP/2 stream reset, a socket closed: `proxy::gone`) ends the wait
+    // for the response head, and the upstream request with it.
+    let gone = ClientGone::of(w, cg, &conn.stream);
     loop {
         let mut ubuf = w.pool.take();
         if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {
@@ -1026,7 +1026,7 @@ async fn send_rest_and_read_head(
     resp: &mut ResponseHead,
     method: Method,
     head_deadline: &dyn Fn(&Worker) -> Instant,
-    gone: Option<&GoneWatch>,
+    gone: Option<&ClientGone<'_>>,
 ) -> (Result<Block, HeadError>, bool) {
     let UpConn { read, write, .. } = upc;
     let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
@@ -1202,7 +1202,7 @@ async fn send_body_and_read_head(
     ubuf: Block,
     head_deadline: &dyn Fn(&Worker) -> Instant,
     max_body: Option<u64>,
-    gone: Option<&GoneWatch>,
+    gone: Option<&ClientGone<'_>>,
 ) -> BodyOutcome {
     if let Err(e) = send_continue(w, cg, conn, info).await {
         return BodyOutcome::ClientFailed(e);
@@ -1365,7 +1365,7 @@ async fn read_response_head(
     resp: &mut ResponseHead,
     method: Method,
     deadline: Option<Instant>,
-    gone: Option<&GoneWatch>,
+    gone: Option<&ClientGone<'_>>,
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
     let mut interim = 0;

@@ -23,11 +23,12 @@ use super::forward::{
     backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
     BodyPlan, Retry, RetrySlot, SlotWait, Ticket,
 };
+use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, Either};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
-use crate::h2::bridge::{unless_gone, VirtualReader};
+use crate::h2::bridge::VirtualReader;
 use crate::http1::encode::{put_field, put_status_line, put_u64};
 use crate::http1::{
     filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
@@ -498,7 +499,7 @@ pub(super) async fn proxy(
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
-            let gone = conn.stream.gone_watch();
+            let gone = ClientGone::of(w, cg, &conn.stream);
             // A deadline passing: the call's own grpc-timeout is the client's doing, not a
             // failure of the upstream (neither the breaker nor outlier detection hears of
             // it, and it is not retried: DEADLINE_EXCEEDED to the client).

@@ -11,6 +11,7 @@
 
 mod forward;
 mod forward_h2;
+pub mod gone;
 pub mod io;
 mod reserved;
 pub mod respond;

@@ -24,6 +24,7 @@ use crate::buf::{Block, BufPool};
 use crate::config::Generation;
 use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
+use crate::proxy::gone::CloseWatcher;
 use crate::route::{Action, PathRewrite, RewriteScratch};
 use crate::shared::{Published, Shared};
 use crate::tls::TlsListener;
@@ -189,6 +190,8 @@ pub struct Worker {
     pub shutdown: Event,
     /// Fired when a connection closes while the worker is at its connection cap.
     pub slots: Event,
+    /// Client sockets whose requests await a response head, checked for a close each tick.
+    pub closes: CloseWatcher,
     current: RefCell<Rc<CoreGen>>,
     seen_version: Cell<u64>,
     listeners: RefCell<Vec<Rc<ListenerSlot>>>,
@@ -214,6 +217,7 @@ impl Worker {
             ids: RequestIds::new(id),
             shutdown: Event::default(),
             slots: Event::default(),
+            closes: CloseWatcher::default(),
             current: RefCell::new(Rc::new(CoreGen::new(&published, id, None))),
             seen_version: Cell::new(seen),
             listeners: RefCell::new(Vec::new()),
@@ -410,6 +414,8 @@ impl Worker {
             }
         }
         let now = self.now();
+        self.closes
+            .check(now, self.current().gen.http.client_close_check);
         let ticks = self.ticks.get().wrapping_add(1);
         self.ticks.set(ticks);
         let second = self.shared.millis(now) / 1000;
