@@ -403,7 +403,8 @@ fn a_client_closing_while_the_response_is_awaited_cancels_the_upstream_request()
             gone.elapsed()
         );
     }
-    // The upstream was not blamed: its endpoint still takes requests.
+    // Counted as client aborts; the upstream was not blamed: its endpoint still takes requests.
+    assert_eq!(metric_sum(proxy.addr, "ringway_client_aborts_total"), 2.0);
     let mut c = proxy.connect();
     c.send(b"GET /again HTTP/1.1\r\nHost: test\r\n\r\n");
     assert_eq!(rx.recv_timeout(Duration::from_secs(3)), Ok("request"));

@@ -598,6 +598,10 @@ fn a_reset_while_the_response_is_awaited_cancels_the_upstream_request() {
             "{:?}",
             cancelled.elapsed()
         );
+        let aborts = proxy.addr;
+        let aborts =
+            tokio::task::spawn_blocking(move || metric_sum(aborts, "ringway_client_aborts_total"));
+        assert_eq!(aborts.await.unwrap(), 1.0);
         // The client's connection serves on.
         let mut c2 = c.clone().ready().await.unwrap();
         let (resp, _send) = get(&mut c2, "http://x/again", false);

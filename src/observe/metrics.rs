@@ -36,6 +36,9 @@ pub struct WorkerMetrics {
     pub shed: [AtomicU64; 11],
     /// Exchanges switched to a tunnel (101 to an Upgrade request).
     pub tunnels_opened: AtomicU64,
+    /// Proxied requests whose client went away before their response began (nginx logs
+    /// these as 499): the upstream request was cancelled or never finished.
+    pub client_aborts: AtomicU64,
     /// HTTP/2 connections established.
     pub h2_connections: AtomicU64,
     /// HTTP/2 streams accepted.
@@ -194,6 +197,12 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_tls_handshake_failures_total",
         "TLS handshakes that failed or timed out.",
         sum(shards, |s| &s.tls_handshake_failures),
+    );
+    counter(
+        out,
+        "ringway_client_aborts_total",
+        "Proxied requests whose client went away before their response began.",
+        sum(shards, |s| &s.client_aborts),
     );
     counter(
         out,

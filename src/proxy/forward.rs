@@ -1836,6 +1836,9 @@ pub(super) async fn fail(
     request_unread: bool,
 ) -> bool {
     let kind = err.kind();
+    if kind == ErrorKind::ClientClosed {
+        add(&w.metrics().client_aborts, 1);
+    }
     let close = request_unread || kind.closes_downstream() || !info.keep_alive || w.draining();
     if request_unread && info.framing.has_body() {
         conn.linger = true;
