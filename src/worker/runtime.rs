@@ -52,12 +52,26 @@ pub fn build(driver: DriverKind) -> io::Result<Runtime> {
             // SINGLE_ISSUER: only the worker thread submits. COOP_TASKRUN: completions are run
             // at the worker's next transition into the kernel instead of interrupting it.
             // Measured (small body, 64 connections, 5 interleaved rounds): median CPU per request
-            // 15.8 us without, 12.6 us with. Kernels before 6.0 refuse the flags: build plainly.
-            let mut tuned = io_uring::IoUring::builder();
-            tuned.setup_coop_taskrun().setup_single_issuer();
-            match uring_runtime(tuned) {
-                Ok(rt) => rt,
-                Err(_) => uring_runtime(io_uring::IoUring::builder())?,
+            // 15.8 us without, 12.6 us with. DEFER_TASKRUN: completions are run only when the
+            // worker waits for them (it parks when its run queue is empty), in one batch:
+            // 2-4% less CPU per request on TLS (https64 13.53 against 13.84 us, h2 over TLS
+            // 12.06 against 12.55 us), equal on plain HTTP/1.1 and h2c, lower p99 throughout.
+            // Kernels refuse flags they do not know (DEFER_TASKRUN before 6.1, the others
+            // before 6.0): each refusal drops the newest flag.
+            let mut rt = None;
+            let mut last = None;
+            for flags in [Flags::Defer, Flags::Coop, Flags::Plain] {
+                match uring_runtime(flags.builder()) {
+                    Ok(built) => {
+                        rt = Some(built);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            match rt {
+                Some(rt) => rt,
+                None => return Err(last.unwrap_or_else(|| io::Error::other("no io_uring ring"))),
             }
         }
         DriverKind::Epoll => RuntimeBuilder::<LegacyDriver>::new()
@@ -65,6 +79,35 @@ pub fn build(driver: DriverKind) -> io::Result<Runtime> {
             .build()?
             .into(),
     })
+}
+
+/// The io_uring setup flags tried, best first.
+#[derive(Debug, Clone, Copy)]
+enum Flags {
+    /// COOP_TASKRUN, SINGLE_ISSUER and DEFER_TASKRUN (Linux 6.1).
+    Defer,
+    /// COOP_TASKRUN and SINGLE_ISSUER (Linux 6.0).
+    Coop,
+    /// None.
+    Plain,
+}
+
+impl Flags {
+    fn builder(self) -> io_uring::Builder {
+        let mut b = io_uring::IoUring::builder();
+        match self {
+            Flags::Defer => {
+                b.setup_coop_taskrun()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun();
+            }
+            Flags::Coop => {
+                b.setup_coop_taskrun().setup_single_issuer();
+            }
+            Flags::Plain => {}
+        }
+        b
+    }
 }
 
 fn uring_runtime(urb: io_uring::Builder) -> io::Result<Runtime> {
