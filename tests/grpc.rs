@@ -816,3 +816,141 @@ fn a_grpc_deadline_passing_while_queued_is_not_an_upstream_failure() {
         0.0
     );
 }
+
+/// An h2c origin whose `/huge` answer carries a 48 KiB header field; anything else is a small 200.
+fn origin_with_a_huge_head() -> SocketAddr {
+    tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            let mut resp = http::Response::builder().status(200);
+            if req.uri().path() == "/huge" {
+                resp = resp.header("x-huge", "h".repeat(48 * 1024));
+            }
+            if let Ok(mut send) = respond.send_response(resp.body(()).unwrap(), false) {
+                let _ = send.send_data(Bytes::from_static(b"small"), true);
+            }
+        }
+    })
+}
+
+/// The head bound itself is advertised in SETTINGS (checked below, where a raw origin reads
+/// them); here, what a client sees of an oversize head and that the connection goes on.
+#[test]
+fn an_h2_upstream_head_over_the_head_bound_is_an_invalid_response() {
+    let origin = origin_with_a_huge_head();
+    let proxy = proxy_to_h2(origin);
+    let mut c = proxy.connect();
+    let r = c.get("/huge");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(!r.text().contains("hhhh"), "{}", r.text());
+    // Counted as an invalid response, and the next request is served.
+    let m = metrics(proxy.addr);
+    assert_eq!(
+        m.get("ringway_upstream_failures_total{upstream=\"grpc\",class=\"invalid\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    let r = c.get("/small");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "small");
+}
+
+/// The settings of one SETTINGS frame payload: (identifier, value) pairs.
+fn settings_of(payload: &[u8]) -> Vec<(u16, u32)> {
+    payload
+        .chunks_exact(6)
+        .map(|s| {
+            (
+                u16::from_be_bytes([s[0], s[1]]),
+                u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+            )
+        })
+        .collect()
+}
+
+/// One frame from a raw HTTP/2 stream: (type, flags, stream, payload).
+fn read_frame(s: &mut std::net::TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut h = [0u8; 9];
+    s.read_exact(&mut h).ok()?;
+    let len = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+    let stream = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).ok()?;
+    Some((h[3], h[4], stream, payload))
+}
+
+fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn an_h2_upstream_may_not_push_and_its_heads_are_bounded() {
+    // A raw h2c origin: it records ringway's SETTINGS, answers the first request with a
+    // PUSH_PROMISE, and reports what ringway did about it (the GOAWAY's error code).
+    let (tx, rx) = std::sync::mpsc::channel::<(Vec<(u16, u32)>, Option<u32>)>();
+    let tx = std::sync::Mutex::new(tx);
+    let origin = raw_origin(move |mut s| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut preface = [0u8; 24];
+        if s.read_exact(&mut preface).is_err() {
+            return;
+        }
+        let Some((4, _, 0, payload)) = read_frame(&mut s) else {
+            return;
+        };
+        let settings = settings_of(&payload);
+        s.write_all(&frame_bytes(4, 0, 0, &[])).unwrap(); // our SETTINGS
+        s.write_all(&frame_bytes(4, 1, 0, &[])).unwrap(); // ACK of theirs
+        let mut goaway = None;
+        while let Some((kind, _, stream, payload)) = read_frame(&mut s) {
+            if kind == 1 {
+                // PUSH_PROMISE (END_HEADERS) for stream 2: GET http://x/ in HPACK (indexed
+                // :method GET, :scheme http, :path /; :authority "x" as a literal).
+                let mut p = 2u32.to_be_bytes().to_vec();
+                p.extend_from_slice(&[0x82, 0x86, 0x84, 0x01, 0x01, b'x']);
+                let _ = s.write_all(&frame_bytes(5, 4, stream, &p));
+            }
+            if kind == 7 && payload.len() >= 8 {
+                goaway = Some(u32::from_be_bytes([
+                    payload[4], payload[5], payload[6], payload[7],
+                ]));
+                break;
+            }
+        }
+        let _ = tx.lock().unwrap().send((settings, goaway));
+    });
+    let proxy = proxy_to_h2_with(origin, "response_timeout = \"3s\"");
+    let mut c = proxy.connect();
+    let started = Instant::now();
+    let r = c.get("/");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let (settings, goaway) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    // ENABLE_PUSH 0, MAX_CONCURRENT_STREAMS 0, a MAX_HEADER_LIST_SIZE no larger than the
+    // HTTP/1.1 head bound's block.
+    assert!(settings.contains(&(2, 0)), "{settings:?}");
+    assert!(settings.contains(&(3, 0)), "{settings:?}");
+    let list = settings.iter().find(|s| s.0 == 6).map(|s| s.1);
+    assert!(
+        list.is_some_and(|n| (16 * 1024..=64 * 1024).contains(&n)),
+        "{settings:?}"
+    );
+    assert_eq!(goaway, Some(1), "PROTOCOL_ERROR");
+    // A protocol violation the proxy's side caught is an invalid response, not a reset.
+    let m = metrics(proxy.addr);
+    assert_eq!(
+        m.get("ringway_upstream_failures_total{upstream=\"up\",class=\"invalid\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+}

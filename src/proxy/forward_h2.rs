@@ -183,7 +183,7 @@ async fn acquire(
         match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
             Ok(ep) => {
                 let inflight = ep.begin(w.id);
-                let err = match up.h2_stream(&ep).await {
+                let err = match up.h2_stream(&ep, w.pool.block_size()).await {
                     Ok(stream) => {
                         tried.add(&ep);
                         return Ok((ep, inflight, Ok(stream)));
@@ -479,12 +479,19 @@ pub(super) async fn proxy(
                 let unprocessed = e.is_remote()
                     && (e.reason() == Some(h2::Reason::REFUSED_STREAM)
                         || e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR));
-                let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
                 if unprocessed {
-                    Attempt::Unprocessed(err)
-                } else {
-                    Attempt::Failed(err, FailureClass::Reset)
+                    let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream);
+                    return Attempt::Unprocessed(err.with_cause(e));
                 }
+                // Reset or closed by our side of the connection: the upstream broke the
+                // protocol or a limit (a push, an oversize head), as an invalid HTTP/1.1
+                // response would.
+                if e.is_library() {
+                    let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream);
+                    return Attempt::Failed(err.with_cause(e), FailureClass::Invalid);
+                }
+                let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
+                Attempt::Failed(err, FailureClass::Reset)
             };
             let mut sender = match sender.ready().await {
                 Ok(s) => s,

@@ -41,6 +41,9 @@ pub struct Limits {
     pub keepalive: Option<Duration>,
     /// A connection without a stream for this long is closed.
     pub idle: Duration,
+    /// Largest response head (header list size, RFC 9113 §6.5.2) taken from the upstream: the
+    /// bound an HTTP/1.1 upstream's head has (the worker's head block).
+    pub max_head: usize,
 }
 
 /// What a connection's users and its driver share.
@@ -71,9 +74,15 @@ where
     // A stream's window bounds what one slow client holds of its response; the connection's
     // is larger, so that a few slow clients do not stall every other stream on it.
     let mut builder = h2::client::Builder::new();
+    // The upstream may not push (nothing would take the promised responses) nor open streams
+    // of its own, and its heads are bounded as an HTTP/1.1 upstream's are: without these, a
+    // PUSH_PROMISE flood or one 16 MiB header list is held in memory.
     builder
         .initial_window_size(limits.stream_window)
-        .initial_connection_window_size(limits.connection_window);
+        .initial_connection_window_size(limits.connection_window)
+        .enable_push(false)
+        .max_concurrent_streams(0)
+        .max_header_list_size(u32::try_from(limits.max_head).unwrap_or(u32::MAX));
     let (send, mut connection) =
         match monoio::time::timeout(limits.connect_timeout, builder.handshake(io)).await {
             Ok(Ok(pair)) => pair,

@@ -652,6 +652,7 @@ impl UpstreamRt {
     pub async fn h2_stream(
         &self,
         ep: &Rc<EndpointRt>,
+        max_head: usize,
     ) -> Result<(h2::client::SendRequest<bytes::Bytes>, h2pool::StreamSlot), ConnectError> {
         let had = ep.h2.len();
         let r = ep
@@ -668,6 +669,7 @@ impl UpstreamRt {
                     connection_window: self.cfg.h2_connection_window,
                     keepalive: self.cfg.h2_keepalive,
                     idle: self.cfg.pool_idle_timeout,
+                    max_head,
                 },
                 self.cfg.tls.as_deref(),
             )
