@@ -954,3 +954,116 @@ fn an_h2_upstream_may_not_push_and_its_heads_are_bounded() {
         "{m:?}"
     );
 }
+
+/// An h2c origin for the body-and-head races: `/early` answers 413 at once and neither reads
+/// nor releases the request body (the stream stays open, no reset); `/interim/N` sends N 103
+/// responses before a 200; anything else reads the whole body, then answers with its length.
+fn origin_for_early_answers() -> SocketAddr {
+    tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            tokio::spawn(async move {
+                let (parts, mut body) = req.into_parts();
+                let path = parts.uri.path().to_string();
+                if path == "/early" {
+                    let resp = http::Response::builder().status(413).body(()).unwrap();
+                    let _ = respond.send_response(resp, true);
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    drop(body);
+                    return;
+                }
+                if let Some(n) = path.strip_prefix("/interim/") {
+                    for _ in 0..n.parse::<usize>().unwrap() {
+                        let hint = http::Response::builder().status(103).body(()).unwrap();
+                        let _ = respond.send_informational(hint);
+                    }
+                }
+                let mut got = 0;
+                while let Some(Ok(chunk)) = body.data().await {
+                    got += chunk.len();
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                let resp = http::Response::builder().status(200).body(()).unwrap();
+                if let Ok(mut send) = respond.send_response(resp, false) {
+                    let _ = send.send_data(Bytes::from(got.to_string()), true);
+                }
+            });
+        }
+    })
+}
+
+#[test]
+fn an_early_answer_from_an_h2_upstream_reaches_an_http1_client_while_its_body_is_unsent() {
+    let proxy = proxy_to_h2_with(origin_for_early_answers(), "");
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    // 4 MiB announced, 1 MiB sent: more than the upstream's windows take, and the rest never
+    // comes while the answer is awaited.
+    s.write_all(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 4194304\r\n\r\n")
+        .unwrap();
+    let _ = s.write_all(&vec![b'b'; 1024 * 1024]);
+    let mut r = std::io::BufReader::new(s);
+    let resp = read_response(&mut r, false).expect("a response");
+    assert_eq!(resp.status, 413);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The client's body was not all read: its connection closes after the answer (a reset
+    // counts as closed; a read timing out does not).
+    let mut rest = Vec::new();
+    let end = r.read_to_end(&mut rest);
+    assert!(
+        end.as_ref().map_or_else(
+            |e| !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            |_| true
+        ),
+        "{end:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn interim_responses_of_an_h2_upstream_are_skipped_and_bounded() {
+    let proxy = proxy_to_h2_with(origin_for_early_answers(), "");
+    let mut c = proxy.connect();
+    let r = c.get("/interim/3");
+    assert_eq!((r.status, r.text().as_str()), (200, "0"));
+    let r = c.get("/interim/40");
+    assert_eq!(r.status, 502, "{}", r.text());
+    let m = metrics(proxy.addr);
+    assert_eq!(
+        m.get("ringway_upstream_failures_total{upstream=\"up\",class=\"invalid\"}"),
+        Some(&1.0),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn the_response_timeout_of_an_h2_upstream_runs_from_the_end_of_the_body() {
+    // The body takes 1.5 s to arrive; the upstream answers as soon as it has it all.
+    let proxy = proxy_to_h2_with(origin_for_early_answers(), "response_timeout = \"1s\"");
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /count HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    for _ in 0..3 {
+        s.write_all(b"5\r\nhello\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    s.write_all(b"0\r\n\r\n").unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let resp = read_response(&mut r, false).expect("a response");
+    assert_eq!((resp.status, resp.text().as_str()), (200, "15"));
+}

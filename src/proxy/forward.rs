@@ -50,7 +50,7 @@ use crate::upstream::{
 use crate::worker::{CoreGen, Worker};
 
 /// Interim (1xx) responses skipped before the final one; more is an invalid upstream.
-const MAX_INTERIM_RESPONSES: usize = 16;
+pub(super) const MAX_INTERIM_RESPONSES: usize = 16;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 

@@ -21,7 +21,7 @@ use monoio::io::AsyncReadRent;
 
 use super::forward::{
     backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
-    BodyPlan, Retry, RetrySlot, SlotWait, Ticket,
+    BodyPlan, Retry, RetrySlot, SlotWait, Ticket, MAX_INTERIM_RESPONSES,
 };
 use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, Either};
@@ -225,6 +225,60 @@ async fn stream_open(send: &mut h2::SendStream<Bytes>) -> Result<bool, h2::Error
         }
     })
     .await
+}
+
+/// `head` by `deadline` (`None`: whenever it comes); `None` when the deadline passed first.
+async fn head_by(head: Pin<&mut FinalHead>, deadline: Option<Instant>) -> Option<HeadResult> {
+    match deadline {
+        Some(d) => monoio::time::timeout_at(monoio::time::Instant::from_std(d), head)
+            .await
+            .ok(),
+        None => Some(head.await),
+    }
+}
+
+/// Why an HTTP/2 upstream's response head did not come.
+#[derive(Debug)]
+enum HeadFail {
+    /// The stream or the connection failed.
+    H2(h2::Error),
+    /// More interim (1xx) responses than an upstream may send.
+    Interim,
+}
+
+type HeadResult = Result<http::Response<RecvStream>, HeadFail>;
+
+/// The final response head of an HTTP/2 upstream stream. Interim (1xx) responses are taken
+/// off as they come (the h2 crate queues them on the stream until it is polled), at most
+/// `MAX_INTERIM_RESPONSES`, as from an HTTP/1.1 upstream; none is relayed.
+struct FinalHead {
+    resp: h2::client::ResponseFuture,
+    interim: usize,
+}
+
+impl Future for FinalHead {
+    type Output = HeadResult;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            match this.resp.poll_informational(cx) {
+                Poll::Ready(Some(Ok(_))) => {
+                    this.interim += 1;
+                    if this.interim > MAX_INTERIM_RESPONSES {
+                        return Poll::Ready(Err(HeadFail::Interim));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(HeadFail::H2(e))),
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        Pin::new(&mut this.resp).poll(cx).map_err(HeadFail::H2)
+    }
 }
 
 /// Streams the client's request body (after the head, in `rbuf`, then from `stream`) into
@@ -552,8 +606,38 @@ pub(super) async fn proxy(
                     }
                 }
             }
-            let head =
-                monoio::time::timeout_at(monoio::time::Instant::from_std(head_deadline), resp);
+            let mut head = std::pin::pin!(FinalHead { resp, interim: 0 });
+            // While the body goes up, only the call's own deadline bounds the wait for the
+            // head (each body read and write has its own timeout); the response timeout runs
+            // from the end of the body, as for an HTTP/1.1 upstream.
+            let after_body = |w: &Worker| {
+                call_deadline.unwrap_or_else(|| {
+                    let d = w.now() + plan.try_timeout;
+                    if matches!(body, BodyPlan::Streamed) {
+                        d
+                    } else {
+                        d.min(plan.total_deadline)
+                    }
+                })
+            };
+            // What the wait for the response head came to (`None`: its deadline passed).
+            let head_outcome = |r: Option<HeadResult>| match r {
+                None => {
+                    if call_deadline.is_none() {
+                        // The connection may be dead without a word: it must answer a PING
+                        // now, or it is closed (see `h2pool`).
+                        slot.suspect();
+                    }
+                    timed_out("no response head in time")
+                }
+                Some(Err(HeadFail::H2(e))) => reset(e),
+                Some(Err(HeadFail::Interim)) => {
+                    let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream);
+                    let err = err.with_cause("too many interim responses");
+                    Attempt::Failed(err, FailureClass::Invalid)
+                }
+                Some(Ok(r)) => Attempt::Response(r, slot),
+            };
             let duplex = match body {
                 BodyPlan::Streamed => conn.stream.virtual_reader(),
                 _ => None,
@@ -574,8 +658,9 @@ pub(super) async fn proxy(
                     stream,
                     &responding,
                 );
-                let mut head = std::pin::pin!(head);
-                match race(pump.as_mut(), head.as_mut()).await {
+                let during = head_by(head.as_mut(), call_deadline);
+                let first = race(pump.as_mut(), std::pin::pin!(during)).await;
+                match first {
                     Either::Left((r, rbuf)) => {
                         conn.rbuf = rbuf;
                         body_read = r.is_ok();
@@ -584,7 +669,8 @@ pub(super) async fn proxy(
                                 break 'attempt Attempt::Client(e);
                             }
                         }
-                        match unless_gone(gone.as_ref(), head).await {
+                        let after = std::pin::pin!(head_by(head.as_mut(), Some(after_body(w))));
+                        match unless_gone(gone.as_ref(), after).await {
                             Some(r) => r,
                             None => break 'attempt Attempt::Client(cancelled()),
                         }
@@ -596,10 +682,19 @@ pub(super) async fn proxy(
                     }
                 }
             } else {
-                let sent = match &body {
-                    BodyPlan::None => Ok(()),
+                // The body goes up while the head is watched for: an upstream may answer
+                // (413, 401, ...) before it has taken the whole body, and then stop reading
+                // it. The body is then left unsent (the client's connection closes after the
+                // response when its body was not all read), as with an HTTP/1.1 upstream.
+                let early = match &body {
+                    BodyPlan::None => None,
                     BodyPlan::Buffered(b) => {
-                        send_all(cg, &mut stream, Bytes::copy_from_slice(b), true).await
+                        let send = send_all(cg, &mut stream, Bytes::copy_from_slice(b), true);
+                        let during = head_by(head.as_mut(), call_deadline);
+                        match race(std::pin::pin!(send), std::pin::pin!(during)).await {
+                            Either::Left(sent) => sent.err(),
+                            Either::Right(resp) => break 'attempt head_outcome(resp),
+                        }
                     }
                     BodyPlan::Streamed => {
                         conn.consume_head(head_len);
@@ -608,7 +703,7 @@ pub(super) async fn proxy(
                             stream.send_reset(h2::Reason::CANCEL);
                             break 'attempt Attempt::Client(e);
                         }
-                        let r = pump_body(
+                        let pump = pump_body(
                             w,
                             cg,
                             &mut conn.stream,
@@ -617,13 +712,18 @@ pub(super) async fn proxy(
                             plan.max_body,
                             &mut stream,
                             &responding,
-                        )
-                        .await;
-                        body_read = r.is_ok();
-                        r
+                        );
+                        let during = head_by(head.as_mut(), call_deadline);
+                        match race(std::pin::pin!(pump), std::pin::pin!(during)).await {
+                            Either::Left(r) => {
+                                body_read = r.is_ok();
+                                r.err()
+                            }
+                            Either::Right(resp) => break 'attempt head_outcome(resp),
+                        }
                     }
                 };
-                if let Err(e) = sent {
+                if let Some(e) = early {
                     if e.side() != Side::Upstream {
                         stream.send_reset(h2::Reason::CANCEL);
                         break 'attempt Attempt::Client(e);
@@ -631,24 +731,13 @@ pub(super) async fn proxy(
                     // The upstream stopped taking the body: it may have answered already.
                 }
                 // A client's reset ends the wait (and the upstream stream with it).
-                let head = std::pin::pin!(head);
-                match unless_gone(gone.as_ref(), head).await {
+                let after = std::pin::pin!(head_by(head.as_mut(), Some(after_body(w))));
+                match unless_gone(gone.as_ref(), after).await {
                     Some(r) => r,
                     None => break 'attempt Attempt::Client(cancelled()),
                 }
             };
-            match resp {
-                Err(_) => {
-                    if call_deadline.is_none() {
-                        // The connection may be dead without a word: it must answer a PING
-                        // now, or it is closed (see `h2pool`).
-                        slot.suspect();
-                    }
-                    timed_out("no response head in time")
-                }
-                Ok(Err(e)) => reset(e),
-                Ok(Ok(r)) => Attempt::Response(r, slot),
-            }
+            head_outcome(resp)
         };
         match outcome {
             Attempt::Response(r, slot) => {
