@@ -1067,3 +1067,38 @@ fn the_response_timeout_of_an_h2_upstream_runs_from_the_end_of_the_body() {
     let resp = read_response(&mut r, false).expect("a response");
     assert_eq!((resp.status, resp.text().as_str()), (200, "15"));
 }
+
+#[test]
+fn bodiless_responses_from_an_h2_upstream_state_a_length_only_where_allowed() {
+    let origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            let status = match req.uri().path() {
+                "/204" => 204,
+                "/304" => 304,
+                _ => 200,
+            };
+            let resp = http::Response::builder()
+                .status(status)
+                .header("content-length", "5")
+                .body(())
+                .unwrap();
+            let _ = respond.send_response(resp, true);
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let mut c = proxy.connect();
+    for (method, path, status, length) in [
+        ("GET", "/204", 204, None),
+        ("HEAD", "/204", 204, None),
+        ("GET", "/304", 304, Some("5")),
+        ("HEAD", "/200", 200, Some("5")),
+    ] {
+        c.send(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+        let r = c.read_response(true).expect("a response");
+        assert_eq!(r.status, status, "{method} {path}");
+        assert_eq!(r.header("content-length"), length, "{method} {path}");
+    }
+}

@@ -184,3 +184,32 @@ fn request_split_at_every_byte_is_proxied_intact() {
         assert_eq!(r.text(), "/split?x=1 wikipedia", "cut at {cut}");
     }
 }
+
+/// A 204 never carries Content-Length (RFC 9110 §8.6), even where an upstream gave one; a
+/// response to HEAD and a 304 keep the length the body would have had.
+#[test]
+fn bodiless_responses_state_a_length_only_where_one_is_allowed() {
+    let origin = Origin::start(|req| {
+        let status = match req.target.as_str() {
+            "/204" => "204 No Content",
+            "/304" => "304 Not Modified",
+            _ => "200 OK",
+        };
+        Reply::Raw(format!("HTTP/1.1 {status}\r\nContent-Length: 5\r\n\r\n").into_bytes())
+    });
+    let proxy = Proxy::to(origin.addr, "workers = 1\n");
+    let mut c = proxy.connect();
+    for (method, path, status, length) in [
+        ("GET", "/204", 204, None),
+        ("HEAD", "/204", 204, None),
+        ("GET", "/304", 304, Some("5")),
+        ("HEAD", "/200", 200, Some("5")),
+    ] {
+        c.send(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+        let r = c.read_response(true).expect("a response");
+        assert_eq!(r.status, status, "{method} {path}");
+        assert_eq!(r.header("content-length"), length, "{method} {path}");
+    }
+    // The connection stayed in step.
+    assert_eq!(c.get("/204").status, 204);
+}

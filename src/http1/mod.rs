@@ -285,6 +285,13 @@ pub fn trim_ows(mut s: &[u8]) -> &[u8] {
     s
 }
 
+/// Whether a response that has no body still states its Content-Length (RFC 9110 §8.6): a
+/// response to HEAD and a 304 may give the length the body would have had; a 1xx or 204 never
+/// carries one.
+pub fn bodiless_length_stated(method: Method, status: u16) -> bool {
+    (method == Method::Head || status == 304) && status != 204 && !(100..200).contains(&status)
+}
+
 /// The standard reason phrase of a status code, or "" for unknown ones.
 pub fn reason_phrase(status: u16) -> &'static str {
     match status {

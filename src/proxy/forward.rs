@@ -1565,7 +1565,7 @@ async fn relay_response(
     let http10 = info.version == Version::Http10;
     let (relay, out_framing) = match resp.framing {
         BodyFraming::None => {
-            let declared = if info.method == Method::Head || resp.status == 304 {
+            let declared = if crate::http1::bodiless_length_stated(info.method, resp.status) {
                 resp.content_length
                     .map_or(BodyFraming::None, BodyFraming::Length)
             } else {

@@ -887,8 +887,11 @@ async fn relay(
             }
             put_field(&mut out, name.as_str().as_bytes(), value.as_bytes())?;
         }
+        let stated = crate::http1::bodiless_length_stated(info.method, status);
         match (out_framing, length) {
-            (Out::Length, Some(n)) | (Out::None, Some(n)) => {
+            (Out::Length, Some(n)) | (Out::None, Some(n))
+                if out_framing == Out::Length || stated =>
+            {
                 out.put(b"content-length: ")?;
                 put_u64(&mut out, n)?;
                 out.put(b"\r\n")?;
