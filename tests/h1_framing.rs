@@ -213,3 +213,33 @@ fn bodiless_responses_state_a_length_only_where_one_is_allowed() {
     // The connection stayed in step.
     assert_eq!(c.get("/204").status, 204);
 }
+
+/// An upstream response head that arrives a byte at a time (an interim response first) is
+/// read whole and relayed once complete.
+#[test]
+fn an_upstream_head_trickling_in_byte_by_byte_is_relayed_whole() {
+    let origin = raw_origin(|mut s| {
+        let _ = s.set_nodelay(true);
+        loop {
+            let head = read_head_raw(&mut s);
+            if head.is_empty() {
+                return;
+            }
+            let resp = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 2\r\n\r\nok";
+            for b in resp {
+                if std::io::Write::write_all(&mut s, &[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        }
+    });
+    let proxy = Proxy::to(origin, "workers = 1\n");
+    let mut c = proxy.connect();
+    for _ in 0..2 {
+        let r = c.get("/");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-a"), Some("b"));
+        assert_eq!(r.body, b"ok");
+    }
+}

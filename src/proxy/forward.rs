@@ -32,9 +32,9 @@ use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
 use crate::http1::{
-    filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
-    ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
-    MAX_HEADERS_HARD_LIMIT,
+    filter_in_place, may_complete_head, parse_response, write_request_head, write_response_head,
+    BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits,
+    ResponseHead, Version, MAX_HEADERS_HARD_LIMIT,
 };
 use crate::net::client::{ClientStream, ReadHalf, WriteHalf};
 use crate::observe::metrics::add;
@@ -1369,12 +1369,15 @@ async fn read_response_head(
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
     let mut interim = 0;
+    // Bytes of `ubuf` already parsed as an incomplete head (0: none yet, parse at once): a
+    // head that trickles in is parsed again only once a read may have completed it.
+    let mut scanned = 0;
     let err = |kind, got_bytes, cause: &'static str| HeadError {
         error: Error::new(kind, Side::Upstream).with_cause(cause),
         got_bytes,
     };
     loop {
-        if !ubuf.is_empty() {
+        if !ubuf.is_empty() && (scanned == 0 || may_complete_head(ubuf.data(), scanned)) {
             match parse_response(ubuf.data(), MAX_HEADERS_HARD_LIMIT, method, resp) {
                 Ok(Some(len)) => {
                     if (100..200).contains(&resp.status) && resp.status != 101 {
@@ -1389,11 +1392,12 @@ async fn read_response_head(
                             ));
                         }
                         ubuf.consume(len);
+                        scanned = 0;
                         continue;
                     }
                     return Ok(ubuf);
                 }
-                Ok(None) => {}
+                Ok(None) => scanned = ubuf.len(),
                 Err(e) => {
                     return Err(HeadError {
                         error: Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause(e),
