@@ -788,3 +788,68 @@ fn a_path_that_is_not_origin_form_is_rejected() {
     }
     assert_eq!(origin.requests().len(), 1, "nothing more was routed");
 }
+
+/// Sends a POST with `expect: 100-continue` and no body yet; waits for the 100 (at most
+/// `wait`), then sends the body. (whether a 100 came, status, body).
+async fn expect_continue(client: &mut Client, uri: &str, wait: Duration) -> (bool, u16, Vec<u8>) {
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("expect", "100-continue")
+        .header("content-length", "5")
+        .body(())
+        .unwrap();
+    let mut c = client.clone().ready().await.unwrap();
+    let (mut resp, mut send) = c.send_request(req, false).unwrap();
+    let interim =
+        tokio::time::timeout(wait, std::future::poll_fn(|cx| resp.poll_informational(cx))).await;
+    let continued = matches!(interim, Ok(Some(Ok(ref r))) if r.status() == 100);
+    send.send_data(Bytes::from_static(b"hello"), true).unwrap();
+    let resp = resp.await.expect("a response");
+    let (parts, mut body) = resp.into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        out.extend_from_slice(&chunk.unwrap());
+    }
+    (continued, parts.status.as_u16(), out)
+}
+
+#[test]
+fn an_h2_client_expecting_100_continue_gets_it_before_sending_its_body() {
+    let origin = echo_origin();
+    let h2_origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            tokio::spawn(async move {
+                let mut body = req.into_body();
+                let mut got = Vec::new();
+                while let Some(Ok(chunk)) = body.data().await {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    got.extend_from_slice(&chunk);
+                }
+                let resp = http::Response::builder().status(200).body(()).unwrap();
+                if let Ok(mut send) = respond.send_response(resp, false) {
+                    let _ = send.send_data(Bytes::from(got), true);
+                }
+            });
+        }
+    });
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"h1\"\nendpoints = [\"{}\"]\n\
+         [[upstreams]]\nname = \"h2\"\nprotocol = \"h2c\"\nendpoints = [\"{h2_origin}\"]\n\
+         [[routes]]\npath_prefix = \"/h2/\"\nproxy = \"h2\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"h1\"\n",
+        origin.addr
+    ));
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        for uri in ["http://x/h1/up", "http://x/h2/up"] {
+            let (continued, status, body) =
+                expect_continue(&mut c, uri, Duration::from_secs(3)).await;
+            assert!(continued, "{uri}: no 100 Continue");
+            assert_eq!((status, body.as_slice()), (200, &b"hello"[..]), "{uri}");
+        }
+    });
+}

@@ -428,8 +428,15 @@ async fn relay_response(
         }
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
-                // 100 Continue (ringway's own answer to Expect): not relayed.
+                // 100 Continue: ringway's own answer to `expect: 100-continue` (no upstream
+                // interim response comes this way), as an informational HEADERS frame.
                 buf.advance(len);
+                if rh.status == 100 {
+                    let cont = http::Response::builder().status(100).body(());
+                    if let Ok(cont) = cont {
+                        let _ = respond.send_informational(cont);
+                    }
+                }
             }
             Ok(Some(len)) => {
                 watch.pause();

@@ -647,6 +647,10 @@ pub(super) async fn proxy(
                 // down (gRPC bidirectional calls need both at once).
                 conn.consume_head(head_len);
                 body_touched = true;
+                if let Err(e) = super::forward::send_continue(w, cg, conn, info).await {
+                    stream.send_reset(h2::Reason::CANCEL);
+                    break 'attempt Attempt::Client(e);
+                }
                 let rbuf = conn.rbuf.take();
                 let mut pump = duplex_pump(
                     w,
