@@ -1032,12 +1032,18 @@ async fn send_rest_and_read_head(
     let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
     let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, method, None, gone));
     match race(send.as_mut(), head.as_mut()).await {
-        Either::Left(Ok(())) => (await_head(head.as_mut(), head_deadline(w)).await, true),
+        Either::Left(Ok(())) => (
+            await_head(head.as_mut(), head_deadline(w), None).await,
+            true,
+        ),
         Either::Left(Err(e)) => {
             // The upstream stopped reading; it may have answered first (a connection that
             // was closed answers nothing, and the request may be sent again).
             tracing::debug!(error = %e, "upstream stopped reading the buffered request body");
-            (await_head(head.as_mut(), head_deadline(w)).await, false)
+            (
+                await_head(head.as_mut(), head_deadline(w), None).await,
+                false,
+            )
         }
         Either::Right(result) => (result, false),
     }
@@ -1220,6 +1226,8 @@ async fn send_body_and_read_head(
         info.framing,
         max_body
     ));
+    // The client is watched only once its body has gone up: one that shuts down its side
+    // after its upload (as `nc -N` does) is no close while the upload is still under way.
     let mut head = std::pin::pin!(read_response_head(
         w,
         read,
@@ -1227,29 +1235,43 @@ async fn send_body_and_read_head(
         resp,
         info.method,
         None,
-        gone
+        None
     ));
-    match race(pump.as_mut(), head.as_mut()).await {
+    let outcome = race(pump.as_mut(), head.as_mut()).await;
+    if let Some(g) = gone {
+        g.restart(w.now());
+    }
+    match outcome {
         Either::Left(Ok(())) => {
-            BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w)).await)
+            BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w), gone).await)
         }
         Either::Left(Err(e)) if e.side() == Side::Upstream => {
             // The upstream stopped reading; it may have answered first.
             tracing::debug!(error = %e, "upstream stopped reading the request body");
-            BodyOutcome::Interrupted(await_head(head.as_mut(), head_deadline(w)).await)
+            BodyOutcome::Interrupted(await_head(head.as_mut(), head_deadline(w), gone).await)
         }
         Either::Left(Err(e)) => BodyOutcome::ClientFailed(e),
         Either::Right(result) => BodyOutcome::Interrupted(result),
     }
 }
 
-async fn await_head<F>(head: std::pin::Pin<&mut F>, deadline: Instant) -> Result<Block, HeadError>
+/// `head` by `deadline`; a client that goes meanwhile (`gone`) ends the wait.
+async fn await_head<F>(
+    head: std::pin::Pin<&mut F>,
+    deadline: Instant,
+    gone: Option<&ClientGone<'_>>,
+) -> Result<Block, HeadError>
 where
     F: std::future::Future<Output = Result<Block, HeadError>>,
 {
-    match monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), head).await {
-        Ok(r) => r,
-        Err(_) => Err(HeadError {
+    let timed = monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), head);
+    match unless_gone(gone, std::pin::pin!(timed)).await {
+        Some(Ok(r)) => r,
+        None => Err(HeadError {
+            error: cancelled(),
+            got_bytes: true,
+        }),
+        Some(Err(_)) => Err(HeadError {
             error: Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                 .with_cause("no response head in time"),
             got_bytes: true,

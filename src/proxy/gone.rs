@@ -8,7 +8,8 @@
 //! [`CloseWatcher`] (a slab slot and a waker), and the worker's tick checks the sockets that
 //! have waited at least `http.client_close_check` with one `poll(2)` for all of them. A client
 //! that shut down its side (`POLLRDHUP`) or reset the connection counts as gone, as nginx
-//! counts it by default; bytes it sent meanwhile (a pipelined request) do not.
+//! counts it by default, unless bytes it sent before its shutdown are still unread (a request
+//! body still being uploaded, a pipelined request); bytes it sends meanwhile are no close.
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -93,6 +94,12 @@ impl CloseWatcher {
             if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) == 0 {
                 continue;
             }
+            if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) == 0 && unread(p.fd) > 0
+            {
+                // Shut down for writing, but what it sent before is still to be read (a
+                // request body being uploaded, a pipelined request): it still wants answers.
+                continue;
+            }
             if let Some(e) = entries.get_mut(*key) {
                 e.gone = true;
                 if let Some(w) = e.waker.take() {
@@ -119,7 +126,8 @@ impl CloseWatcher {
 pub struct SocketWatch<'a> {
     watcher: &'a CloseWatcher,
     fd: RawFd,
-    now: Instant,
+    /// When the wait began (the worker's clock).
+    now: Cell<Instant>,
     key: Cell<Option<usize>>,
 }
 
@@ -131,7 +139,7 @@ impl SocketWatch<'_> {
             None => {
                 let k = entries.insert(Entry {
                     fd: self.fd,
-                    since: self.now,
+                    since: self.now.get(),
                     waker: None,
                     gone: false,
                 });
@@ -186,9 +194,22 @@ impl<'a> ClientGone<'a> {
         ClientGone::Socket(SocketWatch {
             watcher,
             fd,
-            now,
+            now: Cell::new(now),
             key: Cell::new(None),
         })
+    }
+
+    /// The wait for the response head begins again at `now` (the request body went up
+    /// meanwhile): the close check counts from here.
+    pub fn restart(&self, now: Instant) {
+        if let ClientGone::Socket(s) = self {
+            s.now.set(now);
+            if let Some(k) = s.key.get() {
+                if let Some(e) = s.watcher.entries.borrow_mut().get_mut(k) {
+                    e.since = now;
+                }
+            }
+        }
     }
 
     /// `Ready` once the client is gone; `Pending` (the waker kept) before.
@@ -218,6 +239,19 @@ pub fn unless_gone<'a, F: Future + Unpin + 'a>(
     })
 }
 
+/// Bytes received on socket `fd` and not yet read (0 when it cannot be told).
+fn unread(fd: RawFd) -> libc::c_int {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at `n`; `fd` is a
+    // socket of a waiting request (see `check`).
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if r < 0 {
+        0
+    } else {
+        n
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests may block
 mod tests {
@@ -240,6 +274,37 @@ mod tests {
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, s)
+    }
+
+    #[test]
+    fn a_shutdown_with_bytes_unread_is_no_close_and_a_restart_counts_again() {
+        let watcher = CloseWatcher::default();
+        let every = Some(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let (mut c, s) = pair();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count);
+        let mut cx = Context::from_waker(&waker);
+        let w = ClientGone::socket(&watcher, s.as_raw_fd(), t0);
+        assert!(w.poll_gone(&mut cx).is_pending());
+        // The rest of an upload, then a shutdown: still unread, so not gone.
+        c.write_all(&[b'u'; 4096]).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        watcher.check(t0 + Duration::from_millis(150), every);
+        assert!(w.poll_gone(&mut cx).is_pending(), "bytes still to read");
+        // Read: now the shutdown is all there is. A wait restarted at 200 ms is not checked
+        // before 300 ms (and the check at 260 ms puts the next one at 360 ms).
+        let mut sink = [0u8; 4096];
+        std::io::Read::read_exact(&mut &s, &mut sink).unwrap();
+        w.restart(t0 + Duration::from_millis(200));
+        watcher.check(t0 + Duration::from_millis(260), every);
+        assert!(
+            w.poll_gone(&mut cx).is_pending(),
+            "restarted: not waited long enough"
+        );
+        watcher.check(t0 + Duration::from_millis(370), every);
+        assert!(w.poll_gone(&mut cx).is_ready());
     }
 
     #[test]
@@ -278,7 +343,10 @@ mod tests {
         );
         assert!(w2.poll_gone(&mut cx).is_ready());
 
-        // Checking is off: a closed client is not looked for.
+        // Checking is off: a closed client is not looked for. (Its pipelined bytes are read
+        // first: unread, they would keep it from counting as gone.)
+        let mut pipelined = [0u8; 22];
+        std::io::Read::read_exact(&mut &s1, &mut pipelined).unwrap();
         drop(c1);
         std::thread::sleep(Duration::from_millis(20));
         watcher.check(t0 + Duration::from_secs(10), None);
