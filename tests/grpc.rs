@@ -956,7 +956,8 @@ fn an_h2_upstream_may_not_push_and_its_heads_are_bounded() {
 }
 
 /// An h2c origin for the body-and-head races: `/early` answers 413 at once and neither reads
-/// nor releases the request body (the stream stays open, no reset); `/interim/N` sends N 103
+/// nor releases the request body (the stream stays open, no reset); `/headfirst` sends its
+/// head at once and the body's length once it has read it; `/interim/N` sends N 103
 /// responses before a 200; anything else reads the whole body, then answers with its length.
 fn origin_for_early_answers() -> SocketAddr {
     tokio_server(|tcp| async move {
@@ -972,6 +973,20 @@ fn origin_for_early_answers() -> SocketAddr {
                     let _ = respond.send_response(resp, true);
                     tokio::time::sleep(Duration::from_secs(10)).await;
                     drop(body);
+                    return;
+                }
+                if path == "/headfirst" {
+                    // The head at once, then the body's length once it has all come.
+                    let resp = http::Response::builder().status(200).body(()).unwrap();
+                    let Ok(mut send) = respond.send_response(resp, false) else {
+                        return;
+                    };
+                    let mut got = 0;
+                    while let Some(Ok(chunk)) = body.data().await {
+                        got += chunk.len();
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                    }
+                    let _ = send.send_data(Bytes::from(got.to_string()), true);
                     return;
                 }
                 if let Some(n) = path.strip_prefix("/interim/") {
@@ -1101,4 +1116,18 @@ fn bodiless_responses_from_an_h2_upstream_state_a_length_only_where_allowed() {
         assert_eq!(r.status, status, "{method} {path}");
         assert_eq!(r.header("content-length"), length, "{method} {path}");
     }
+}
+
+#[test]
+fn an_h2_upstream_that_sends_its_head_before_reading_gets_the_whole_body() {
+    let proxy = proxy_to_h2_with(origin_for_early_answers(), "read_timeout = \"3s\"");
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = vec![b'b'; 1024 * 1024];
+    s.write_all(b"POST /headfirst HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        .unwrap();
+    s.write_all(&body).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let resp = read_response(&mut r, false).expect("a response");
+    assert_eq!((resp.status, resp.text().as_str()), (200, "1048576"));
 }

@@ -227,6 +227,11 @@ async fn stream_open(send: &mut h2::SendStream<Bytes>) -> Result<bool, h2::Error
     .await
 }
 
+/// Whether an early response head has a body still to come (END_STREAM not yet seen).
+fn still_to_stream(resp: &Option<HeadResult>) -> bool {
+    matches!(resp, Some(Ok(r)) if !r.body().is_end_stream())
+}
+
 /// `head` by `deadline` (`None`: whenever it comes); `None` when the deadline passed first.
 async fn head_by(head: Pin<&mut FinalHead>, deadline: Option<Instant>) -> Option<HeadResult> {
     match deadline {
@@ -687,17 +692,28 @@ pub(super) async fn proxy(
                 }
             } else {
                 // The body goes up while the head is watched for: an upstream may answer
-                // (413, 401, ...) before it has taken the whole body, and then stop reading
-                // it. The body is then left unsent (the client's connection closes after the
-                // response when its body was not all read), as with an HTTP/1.1 upstream.
+                // (413, 401, ...) before it has taken the whole body. A complete early answer
+                // leaves the rest of the body unsent (the client's connection closes after the
+                // response when its body was not all read), as with an HTTP/1.1 upstream; one
+                // whose body is still to come (a handler that sends its head, then reads the
+                // request) gets the rest of the request first: an HTTP/1.1 client cannot
+                // send and receive at once here. An upstream that wants no more resets the
+                // stream (NO_ERROR), which ends the sending.
                 let early = match &body {
                     BodyPlan::None => None,
                     BodyPlan::Buffered(b) => {
                         let send = send_all(cg, &mut stream, Bytes::copy_from_slice(b), true);
+                        let mut send = std::pin::pin!(send);
                         let during = head_by(head.as_mut(), call_deadline);
-                        match race(std::pin::pin!(send), std::pin::pin!(during)).await {
+                        match race(send.as_mut(), std::pin::pin!(during)).await {
                             Either::Left(sent) => sent.err(),
-                            Either::Right(resp) => break 'attempt head_outcome(resp),
+                            Either::Right(resp) => {
+                                if still_to_stream(&resp) {
+                                    // (A failure to send the rest shows in the response.)
+                                    let _ = send.await;
+                                }
+                                break 'attempt head_outcome(resp);
+                            }
                         }
                     }
                     BodyPlan::Streamed => {
@@ -717,13 +733,25 @@ pub(super) async fn proxy(
                             &mut stream,
                             &responding,
                         );
+                        let mut pump = std::pin::pin!(pump);
                         let during = head_by(head.as_mut(), call_deadline);
-                        match race(std::pin::pin!(pump), std::pin::pin!(during)).await {
+                        match race(pump.as_mut(), std::pin::pin!(during)).await {
                             Either::Left(r) => {
                                 body_read = r.is_ok();
                                 r.err()
                             }
-                            Either::Right(resp) => break 'attempt head_outcome(resp),
+                            Either::Right(resp) => {
+                                if still_to_stream(&resp) {
+                                    let r = pump.await;
+                                    body_read = r.is_ok();
+                                    if let Err(e) = r {
+                                        if e.side() != Side::Upstream {
+                                            break 'attempt Attempt::Client(e);
+                                        }
+                                    }
+                                }
+                                break 'attempt head_outcome(resp);
+                            }
                         }
                     }
                 };
