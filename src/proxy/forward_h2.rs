@@ -552,14 +552,24 @@ pub(super) async fn proxy(
                 let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e);
                 Attempt::Failed(err, FailureClass::Reset)
             };
+            // Before the request is sent, an error our side raised is about the connection
+            // (closed for another stream's violation): this request was not processed.
+            let unsent = |e: h2::Error| {
+                if e.is_library() {
+                    let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream);
+                    Attempt::Unprocessed(err.with_cause(e))
+                } else {
+                    reset(e)
+                }
+            };
             let mut sender = match sender.ready().await {
                 Ok(s) => s,
-                Err(e) => break 'attempt reset(e),
+                Err(e) => break 'attempt unsent(e),
             };
             let end_stream = matches!(body, BodyPlan::None);
             let (resp, mut stream) = match sender.send_request(req, end_stream) {
                 Ok(x) => x,
-                Err(e) => break 'attempt reset(e),
+                Err(e) => break 'attempt unsent(e),
             };
             let limit = (w.now() + plan.try_timeout).min(plan.total_deadline);
             // The call's own grpc-timeout ends first: its passing is the client's doing.
