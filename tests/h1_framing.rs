@@ -243,3 +243,24 @@ fn an_upstream_head_trickling_in_byte_by_byte_is_relayed_whole() {
         assert_eq!(r.body, b"ok");
     }
 }
+
+/// A malformed line in an upstream's response head is seen as soon as the line is complete,
+/// not when the head ends or the response timeout passes.
+#[test]
+fn a_malformed_upstream_head_line_is_refused_before_the_head_ends() {
+    let origin = raw_origin(|mut s| {
+        if read_head_raw(&mut s).is_empty() {
+            return;
+        }
+        let _ = std::io::Write::write_all(&mut s, b"HTTP/1.1 200 OK\r\n");
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = std::io::Write::write_all(&mut s, b"Bad\x01Name: x\r\n");
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    let proxy = Proxy::to(origin, "workers = 1\n");
+    let mut c = proxy.connect();
+    let started = std::time::Instant::now();
+    let r = c.get("/");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}

@@ -32,9 +32,9 @@ use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
 use crate::http1::head::TargetForm;
 use crate::http1::{
-    filter_in_place, may_complete_head, parse_response, write_request_head, write_response_head,
-    BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits,
-    ResponseHead, Version, MAX_HEADERS_HARD_LIMIT,
+    filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
+    ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
+    MAX_HEADERS_HARD_LIMIT,
 };
 use crate::net::client::{ClientStream, ReadHalf, WriteHalf};
 use crate::observe::metrics::add;
@@ -1366,6 +1366,11 @@ async fn pump_request_body(
     }
 }
 
+/// Whether the bytes of `buf` after `from` complete a line.
+fn ends_a_line(buf: &[u8], from: usize) -> bool {
+    buf.get(from..).is_some_and(|new| new.contains(&b'\n'))
+}
+
 /// A failure to get a response head, and whether any response byte had arrived.
 struct HeadError {
     error: Error,
@@ -1392,14 +1397,15 @@ async fn read_response_head(
     let mut got_bytes = false;
     let mut interim = 0;
     // Bytes of `ubuf` already parsed as an incomplete head (0: none yet, parse at once): a
-    // head that trickles in is parsed again only once a read may have completed it.
+    // head that trickles in is parsed again only once a read completes a line (which may end
+    // the head, or show a malformed line at once).
     let mut scanned = 0;
     let err = |kind, got_bytes, cause: &'static str| HeadError {
         error: Error::new(kind, Side::Upstream).with_cause(cause),
         got_bytes,
     };
     loop {
-        if !ubuf.is_empty() && (scanned == 0 || may_complete_head(ubuf.data(), scanned)) {
+        if !ubuf.is_empty() && (scanned == 0 || ends_a_line(ubuf.data(), scanned)) {
             match parse_response(ubuf.data(), MAX_HEADERS_HARD_LIMIT, method, resp) {
                 Ok(Some(len)) => {
                     if (100..200).contains(&resp.status) && resp.status != 101 {
