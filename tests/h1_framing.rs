@@ -199,17 +199,7 @@ fn bodiless_responses_state_a_length_only_where_one_is_allowed() {
     });
     let proxy = Proxy::to(origin.addr, "workers = 1\n");
     let mut c = proxy.connect();
-    for (method, path, status, length) in [
-        ("GET", "/204", 204, None),
-        ("HEAD", "/204", 204, None),
-        ("GET", "/304", 304, Some("5")),
-        ("HEAD", "/200", 200, Some("5")),
-    ] {
-        c.send(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
-        let r = c.read_response(true).expect("a response");
-        assert_eq!(r.status, status, "{method} {path}");
-        assert_eq!(r.header("content-length"), length, "{method} {path}");
-    }
+    assert_bodiless_lengths(&mut c);
     // The connection stayed in step.
     assert_eq!(c.get("/204").status, 204);
 }
@@ -262,5 +252,9 @@ fn a_malformed_upstream_head_line_is_refused_before_the_head_ends() {
     let started = std::time::Instant::now();
     let r = c.get("/");
     assert_eq!(r.status, 502, "{}", r.text());
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }

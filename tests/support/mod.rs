@@ -162,6 +162,23 @@ impl Client {
     }
 }
 
+/// Through an upstream that states `content-length: 5` on every response (`/204` a 204, `/304`
+/// a 304, anything else a 200, all without a body): a 204 reaches the client without the
+/// length, a 304 and a response to HEAD with it.
+pub fn assert_bodiless_lengths(c: &mut Client) {
+    for (method, path, status, length) in [
+        ("GET", "/204", 204, None),
+        ("HEAD", "/204", 204, None),
+        ("GET", "/304", 304, Some("5")),
+        ("HEAD", "/200", 200, Some("5")),
+    ] {
+        c.send(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+        let r = c.read_response(true).expect("a response");
+        assert_eq!(r.status, status, "{method} {path}");
+        assert_eq!(r.header("content-length"), length, "{method} {path}");
+    }
+}
+
 /// Reads one HTTP/1.1 response (Content-Length, chunked or until close).
 pub fn read_response<R: BufRead>(r: &mut R, head_request: bool) -> Option<Response> {
     let mut head = Vec::new();
