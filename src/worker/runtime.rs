@@ -55,24 +55,18 @@ pub fn build(driver: DriverKind) -> io::Result<Runtime> {
             // 15.8 us without, 12.6 us with. DEFER_TASKRUN: completions are run only when the
             // worker waits for them (it parks when its run queue is empty), in one batch:
             // 2-4% less CPU per request on TLS (https64 13.53 against 13.84 us, h2 over TLS
-            // 12.06 against 12.55 us), equal on plain HTTP/1.1 and h2c, lower p99 throughout.
+            // 12.06 against 12.55 us), equal on plain HTTP/1.1 and h2c, lower p99 throughout
+            // (later whole-session runs put it within the noise: loadtest/RESULTS.md).
             // Kernels refuse flags they do not know (DEFER_TASKRUN before 6.1, the others
             // before 6.0): each refusal drops the newest flag.
-            let mut rt = None;
-            let mut last = None;
+            let mut refused = io::Error::other("no io_uring ring");
             for flags in [Flags::Defer, Flags::Coop, Flags::Plain] {
                 match uring_runtime(flags.builder()) {
-                    Ok(built) => {
-                        rt = Some(built);
-                        break;
-                    }
-                    Err(e) => last = Some(e),
+                    Ok(rt) => return Ok(rt),
+                    Err(e) => refused = e,
                 }
             }
-            match rt {
-                Some(rt) => rt,
-                None => return Err(last.unwrap_or_else(|| io::Error::other("no io_uring ring"))),
-            }
+            return Err(refused);
         }
         DriverKind::Epoll => RuntimeBuilder::<LegacyDriver>::new()
             .enable_timer()
