@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
-use ringway::http1::{parse_request, BodyFraming, ChunkedDecoder, HeadLimits, RequestHead, Step};
+use ringway::http1::{parse_request, BodyFraming, ChunkedDecoder, HeadLimits, RequestHead};
 
 const SMALL: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 12\r\n\r\nhello world\n";
@@ -93,9 +93,7 @@ async fn serve(mut s: TcpStream, big: &'static [u8]) {
                         return;
                     }
                     match dec.step(&buf[start..]) {
-                        Ok(Step::Data(n) | Step::Framing(n) | Step::Trailer(n) | Step::Done(n)) => {
-                            start += n
-                        }
+                        Ok(step) => start += step.bytes(),
                         Err(_) => return,
                     }
                 }

@@ -464,6 +464,42 @@ fn request_trailers_are_not_forwarded() {
 }
 
 #[test]
+fn chunk_extensions_are_not_relayed_either_way() {
+    use std::io::Read;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let addr = raw_origin(move |mut s| {
+        let mut got = read_head_raw(&mut s);
+        let head = got.len();
+        let mut b = [0u8; 1];
+        while !got[head..].ends_with(b"\r\n\r\n") {
+            if s.read(&mut b).unwrap_or(0) == 0 {
+                break;
+            }
+            got.push(b[0]);
+        }
+        let _ = std::io::Write::write_all(
+            &mut s,
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+              4 ;up=\"a;b\"\r\nbody\r\n0;end\r\n\r\n",
+        );
+        let _ = tx.send(got);
+    });
+    let proxy = Proxy::to(addr, "");
+    let mut c = proxy.connect();
+    c.send(
+        b"POST / HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n\
+             3;name=value\r\nabc\r\n2\t;x\r\nde\r\n0;last=1\r\n\r\n",
+    );
+    let got = String::from_utf8(rx.recv_timeout(Duration::from_secs(5)).unwrap()).unwrap();
+    assert!(
+        got.ends_with("\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+        "{got}"
+    );
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(back.ends_with("\r\n\r\n4\r\nbody\r\n0\r\n\r\n"), "{back}");
+}
+
+#[test]
 fn configured_204_has_no_length_and_keeps_the_connection() {
     let proxy = Proxy::start("[[routes]]\npath_prefix = \"/\"\nrespond = { status = 204 }\n");
     let mut c = proxy.connect();

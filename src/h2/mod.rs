@@ -665,7 +665,7 @@ fn dechunk(
                 trailers.extend_from_slice(&buf[read..read + n]);
                 read += n;
             }
-            Step::Framing(n) | Step::Done(n) => read += n,
+            step => read += step.bytes(),
         }
     }
     buf.advance(read);

@@ -3,7 +3,9 @@
 //!
 //! The decoder never buffers: it is fed whatever bytes arrived and reports, step by step, how
 //! many of them are framing and how many are data, so the proxy can relay chunked bodies
-//! verbatim (validated) or strip the framing for HTTP/1.0 clients.
+//! validated, without chunk extensions (a recipient must ignore those it does not know,
+//! RFC 9112 §7.1.1, and none is forwarded for a backend to parse differently), or strip the
+//! framing for HTTP/1.0 clients.
 
 use super::is_tchar;
 
@@ -52,9 +54,12 @@ pub enum ChunkedError {
 /// One step of decoding: the first `n` bytes of the input given are...
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// ...framing (sizes, extensions, CRLFs, trailers), or all of the input if it ended
+    /// ...framing (sizes, CRLFs, the trailer section's end), or all of the input if it ended
     /// inside framing.
     Framing(usize),
+    /// ...a chunk extension: what follows the size digits on a size line (whitespace, `;`,
+    /// names and values), up to its CR.
+    Extension(usize),
     /// ...chunk data.
     Data(usize),
     /// ...trailer field lines (each through its CRLF), or all of the input if it ended inside
@@ -94,6 +99,34 @@ enum State {
     EndLf,
     /// The body is complete.
     Done,
+}
+
+impl Step {
+    /// How many input bytes the step is about.
+    pub fn bytes(self) -> usize {
+        match self {
+            Step::Framing(n) | Step::Extension(n) | Step::Data(n) | Step::Trailer(n) => n,
+            Step::Done(n) => n,
+        }
+    }
+}
+
+/// What a run of input bytes is, for [`ChunkedDecoder::step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Framing,
+    Extension,
+    Trailer,
+}
+
+impl Run {
+    fn step(self, n: usize) -> Step {
+        match self {
+            Run::Framing => Step::Framing(n),
+            Run::Extension => Step::Extension(n),
+            Run::Trailer => Step::Trailer(n),
+        }
+    }
 }
 
 /// Streaming chunked decoder; see the module docs.
@@ -149,15 +182,11 @@ impl ChunkedDecoder {
             return Ok(Step::Data(n));
         }
         let mut i = 0;
-        let run_is_trailer = self.in_trailer_line(input[0]);
+        let run = self.run_of(input[0]);
         while i < input.len() {
             let b = input[i];
-            if i > 0 && self.in_trailer_line(b) != run_is_trailer {
-                return Ok(if run_is_trailer {
-                    Step::Trailer(i)
-                } else {
-                    Step::Framing(i)
-                });
+            if i > 0 && self.run_of(b) != run {
+                return Ok(run.step(i));
             }
             i += 1;
             match self.state {
@@ -268,19 +297,18 @@ impl ChunkedDecoder {
                 }
             }
         }
-        Ok(if run_is_trailer {
-            Step::Trailer(i)
-        } else {
-            Step::Framing(i)
-        })
+        Ok(run.step(i))
     }
 
-    /// Whether `next`, fed in the current state, belongs to a trailer field line.
-    fn in_trailer_line(&self, next: u8) -> bool {
+    /// What `next`, fed in the current state, belongs to. (A byte invalid where it stands
+    /// may land in any run: the step it would end fails first.)
+    fn run_of(&self, next: u8) -> Run {
         match self.state {
-            State::TrailerName | State::TrailerValue | State::TrailerLf => true,
-            State::TrailerStart => next != b'\r',
-            _ => false,
+            State::TrailerName | State::TrailerValue | State::TrailerLf => Run::Trailer,
+            State::TrailerStart if next != b'\r' => Run::Trailer,
+            State::Size if next != b'\r' && hex_value(next).is_none() => Run::Extension,
+            State::SizeWs | State::Ext if next != b'\r' => Run::Extension,
+            _ => Run::Framing,
         }
     }
 
@@ -301,12 +329,12 @@ impl ChunkedDecoder {
     }
 }
 
-/// What [`filter_in_place`] keeps of a chunked stream.
+/// What [`filter_in_place`] keeps of a chunked stream. Chunk extensions are never kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
-    /// Everything: a verbatim relay.
-    All,
-    /// Everything but trailer fields (the final empty line stays).
+    /// Data, framing and trailer fields.
+    Framed,
+    /// Data and framing, no trailer fields (the final empty line stays).
     NoTrailers,
     /// Chunk data only: the body without its framing.
     DataOnly,
@@ -315,7 +343,8 @@ pub enum Keep {
 impl Keep {
     fn keeps(self, step: Step) -> bool {
         match (self, step) {
-            (Keep::All, _) => true,
+            (_, Step::Extension(_)) => false,
+            (Keep::Framed, _) => true,
             (Keep::NoTrailers, Step::Trailer(_)) => false,
             (Keep::NoTrailers, _) => true,
             (Keep::DataOnly, Step::Data(_)) => true,
@@ -326,7 +355,7 @@ impl Keep {
 
 /// Decodes the front of `data` (up to the end of the body), moving the bytes `keep` keeps down
 /// over the others, in place. Returns (kept bytes, now at the front; input bytes consumed).
-/// Nothing moves while everything is kept.
+/// Nothing moves while everything so far was kept.
 pub fn filter_in_place(
     decoder: &mut ChunkedDecoder,
     data: &mut [u8],
@@ -335,9 +364,7 @@ pub fn filter_in_place(
     let (mut read, mut written) = (0, 0);
     while read < data.len() && !decoder.is_done() {
         let step = decoder.step(&data[read..])?;
-        let n = match step {
-            Step::Data(n) | Step::Framing(n) | Step::Trailer(n) | Step::Done(n) => n,
-        };
+        let n = step.bytes();
         if keep.keeps(step) {
             if written != read {
                 data.copy_within(read..read + n, written);
@@ -375,9 +402,9 @@ pub fn decode_all(input: &[u8], piece: usize) -> Result<Option<(Vec<u8>, usize)>
                     rest = &rest[n..];
                     used += n;
                 }
-                Step::Framing(n) | Step::Trailer(n) | Step::Done(n) => {
-                    rest = &rest[n..];
-                    used += n;
+                step => {
+                    rest = &rest[step.bytes()..];
+                    used += step.bytes();
                 }
             }
         }
@@ -414,9 +441,9 @@ mod tests {
                             rest = &rest[n..];
                             used += n;
                         }
-                        Ok(Step::Framing(n) | Step::Trailer(n) | Step::Done(n)) => {
-                            rest = &rest[n..];
-                            used += n;
+                        Ok(step) => {
+                            rest = &rest[step.bytes()..];
+                            used += step.bytes();
                         }
                         Err(e) => {
                             err = Some(e);
@@ -508,7 +535,7 @@ mod tests {
                 while !rest.is_empty() {
                     let (n, to_trailers) = match dec.step(rest).unwrap() {
                         Step::Trailer(n) => (n, true),
-                        Step::Framing(n) | Step::Data(n) | Step::Done(n) => (n, false),
+                        step => (step.bytes(), false),
                     };
                     assert!(n > 0, "progress");
                     if to_trailers {
@@ -530,10 +557,10 @@ mod tests {
         let body = b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\nNEXT";
         for (keep, want) in [
             (
-                Keep::All,
-                &b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"[..],
+                Keep::Framed,
+                &b"3\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"[..],
             ),
-            (Keep::NoTrailers, b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+            (Keep::NoTrailers, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
             (Keep::DataOnly, b"abcde"),
         ] {
             for cut in 0..body.len() {
@@ -552,6 +579,26 @@ mod tests {
                 assert_eq!(out, want, "{keep:?} cut {cut}");
                 assert_eq!(consumed_total, body.len() - 4, "{keep:?} cut {cut}");
             }
+        }
+    }
+
+    #[test]
+    fn extensions_are_dropped_at_every_split() {
+        let body = b"5 ; a=b ;c=\"x;y\"\r\nhello\r\n1;e\r\n!\r\n0;last\r\nT: 1\r\n\r\n";
+        for cut in 0..body.len() {
+            let mut dec = ChunkedDecoder::new();
+            let mut out = Vec::new();
+            for part in [&body[..cut], &body[cut..]] {
+                let mut buf = part.to_vec();
+                let (kept, consumed) = filter_in_place(&mut dec, &mut buf, Keep::Framed).unwrap();
+                assert_eq!(consumed, part.len(), "cut {cut}");
+                out.extend_from_slice(&buf[..kept]);
+            }
+            assert!(dec.is_done());
+            assert_eq!(
+                out, b"5\r\nhello\r\n1\r\n!\r\n0\r\nT: 1\r\n\r\n",
+                "cut {cut}"
+            );
         }
     }
 

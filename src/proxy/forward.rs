@@ -6,8 +6,8 @@
 //! ```
 //!
 //! Framing is relayed as received (after validation): a Content-Length body byte for byte, a
-//! chunked body verbatim (to HTTP/1.0 clients with the framing removed, close-delimited), a
-//! close-delimited body until EOF. Nothing is collected: each block read is written before the
+//! chunked body chunk for chunk without its chunk extensions (to HTTP/1.0 clients with the
+//! framing removed, close-delimited), a close-delimited body until EOF. Nothing is collected: each block read is written before the
 //! next read, so a slow reader slows the sender (backpressure by construction).
 //!
 //! Reuse: the upstream connection goes back to the pool only when the request body was sent
@@ -61,7 +61,7 @@ enum Relay {
     None,
     /// Exactly this many bytes.
     Length(u64),
-    /// Chunked, relayed verbatim.
+    /// Chunked, relayed chunk for chunk (extensions dropped).
     Chunked,
     /// Chunked from the upstream, data only to the (HTTP/1.0) client, close-delimited.
     Dechunk,
@@ -1325,8 +1325,9 @@ async fn pump_request_body(
                 }
             }
         }
-        // Chunked: relayed verbatim but for trailer fields, which are dropped: a backend that
-        // merges trailers into headers must not receive forwarding fields ringway did not set.
+        // Chunked: relayed without chunk extensions and trailer fields, which are dropped: a
+        // backend that merges trailers into headers must not receive forwarding fields
+        // ringway did not set.
         let (n, skipped) = if framing == BodyFraming::Chunked {
             match filter_in_place(&mut decoder, buf.data_mut(), Keep::NoTrailers) {
                 Ok((kept, consumed)) => (kept, consumed - kept),
@@ -1761,9 +1762,9 @@ impl RelayState {
             }
             Relay::Chunked => {
                 let avail = ubuf.len().min(out.spare());
-                let (n, _) = self.filter(&mut ubuf.data_mut()[..avail], Keep::All)?;
+                let (n, consumed) = self.filter(&mut ubuf.data_mut()[..avail], Keep::Framed)?;
                 let _ = out.put(&ubuf.data()[..n]);
-                ubuf.consume(n);
+                ubuf.consume(consumed);
                 Ok(())
             }
             Relay::UntilClose => {
@@ -1813,7 +1814,7 @@ impl RelayState {
                     }
                     Relay::Chunked | Relay::Dechunk => {
                         let keep = if relay == Relay::Chunked {
-                            Keep::All
+                            Keep::Framed
                         } else {
                             Keep::DataOnly
                         };

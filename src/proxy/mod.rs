@@ -30,7 +30,7 @@ use crate::error::ErrorKind;
 use crate::http1::head::TargetForm;
 use crate::http1::{
     check_partial, may_complete_head, parse_request, BodyFraming, ChunkedDecoder, HeaderKind,
-    Method, RequestHead, ResponseHead, Step, Version,
+    Method, RequestHead, ResponseHead, Version,
 };
 use crate::net::client::ClientStream;
 use crate::observe::metrics::add;
@@ -667,9 +667,7 @@ async fn discard_body(
             let mut used = 0;
             while used < data.len() && !decoder.is_done() {
                 match decoder.step(&data[used..]) {
-                    Ok(Step::Data(n) | Step::Framing(n) | Step::Trailer(n) | Step::Done(n)) => {
-                        used += n
-                    }
+                    Ok(step) => used += step.bytes(),
                     Err(_) => {
                         conn.rbuf = Some(rbuf);
                         return false;
