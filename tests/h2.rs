@@ -814,6 +814,46 @@ async fn expect_continue(client: &mut Client, uri: &str, wait: Duration) -> (boo
     (continued, parts.status.as_u16(), out)
 }
 
+/// The 100 and the final answer can reach the stream together (a body already there, over
+/// the route's limit: 100, then 413 at once); the answer is relayed, not lost.
+#[test]
+fn an_answer_right_behind_a_100_continue_reaches_the_h2_client() {
+    let origin = echo_origin();
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"h1\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"h1\"\nlimits = {{ max_body_bytes = 10 }}\n",
+        origin.addr
+    ));
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        for _ in 0..3 {
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("http://x/up")
+                .header("expect", "100-continue")
+                .body(())
+                .unwrap();
+            let mut ready = c.clone().ready().await.unwrap();
+            let (resp, mut send) = ready.send_request(req, false).unwrap();
+            // The body goes with the head, without waiting for the 100.
+            send.send_data(Bytes::from(vec![b'x'; 100]), true).unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+                .await
+                .expect("an answer in time")
+                .expect("an answer, not a reset");
+            assert_eq!(resp.status(), 413);
+        }
+        // The connection serves on.
+        let (status, _, _) = request(&mut c, "GET", "http://x/after", None).await;
+        assert_eq!(status, 200);
+    });
+    assert_eq!(
+        origin.requests().len(),
+        1,
+        "only the GET reached the origin"
+    );
+}
+
 #[test]
 fn an_h2_client_expecting_100_continue_gets_it_before_sending_its_body() {
     let origin = echo_origin();

@@ -414,18 +414,9 @@ async fn relay_response(
     } else {
         Method::Get
     };
+    // What was read is parsed before more is awaited: a final head may have come in the
+    // same read as the 100 before it (the proxy side may be done and gone by then).
     let head_len = loop {
-        let next = read_unless_reset(end, &mut buf, &mut watch, |cx| respond.poll_reset(cx)).await;
-        match next {
-            Some(true) => {}
-            // The client reset the stream while the response was awaited.
-            None => return,
-            Some(false) => {
-                // No response: the client went away (nothing can be sent).
-                respond.send_reset(h2::Reason::CANCEL);
-                return;
-            }
-        }
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
                 // 100 Continue: ringway's own answer to `expect: 100-continue` (no upstream
@@ -437,6 +428,7 @@ async fn relay_response(
                         let _ = respond.send_informational(cont);
                     }
                 }
+                continue;
             }
             Ok(Some(len)) => {
                 watch.pause();
@@ -445,6 +437,17 @@ async fn relay_response(
             Ok(None) => {}
             Err(_) => {
                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+        }
+        let next = read_unless_reset(end, &mut buf, &mut watch, |cx| respond.poll_reset(cx)).await;
+        match next {
+            Some(true) => {}
+            // The client reset the stream while the response was awaited.
+            None => return,
+            Some(false) => {
+                // No response: the client went away (nothing can be sent).
+                respond.send_reset(h2::Reason::CANCEL);
                 return;
             }
         }
