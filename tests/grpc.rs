@@ -661,6 +661,47 @@ fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
     });
 }
 
+/// A gRPC stream ringway refuses itself before the proxy path (here a CONNECT) gets a gRPC
+/// status too; gRPC-Web (its trailers travel in the body) is plain HTTP and gets the JSON
+/// envelope.
+#[test]
+fn a_refused_grpc_stream_gets_a_grpc_status_and_grpc_web_the_envelope() {
+    let proxy = proxy_to_h2(closed_port());
+    rt().block_on(async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::builder()
+            .method("CONNECT")
+            .uri("svc.test:443")
+            .header("content-type", "application/grpc+proto")
+            .body(())
+            .unwrap();
+        let mut c = client.clone().ready().await.unwrap();
+        let (resp, _) = c.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
+        assert_eq!(resp.headers()["grpc-status"], "13", "{:?}", resp.headers());
+        assert!(resp.body().is_end_stream(), "trailers-only");
+
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("http://svc.test/echo.Svc/Unary")
+            .header("content-type", "application/grpc-web+proto")
+            .body(())
+            .unwrap();
+        let mut c = client.ready().await.unwrap();
+        let (resp, _) = c.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 502);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        assert!(resp.headers().get("grpc-status").is_none());
+    });
+}
+
 #[test]
 fn the_free_resend_of_a_refused_stream_leaves_the_retry_policy_its_attempts() {
     // Stream 1 is refused (unprocessed), stream 2 reset mid-way (a retryable reset),

@@ -8,9 +8,18 @@ use crate::error::ErrorKind;
 /// Longest deadline honoured; longer ones saturate here.
 const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
-/// Whether a `content-type` value is gRPC's (`application/grpc`, `application/grpc+proto`...).
+/// Whether a `content-type` value is gRPC's: `application/grpc`, alone or followed by a
+/// `+format` suffix (`application/grpc+proto`) or parameters. gRPC-Web
+/// (`application/grpc-web...`) is not: its trailers travel in the body, and it is proxied as
+/// plain HTTP.
 pub fn is_grpc_content_type(value: &[u8]) -> bool {
-    value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc")
+    const GRPC: &[u8] = b"application/grpc";
+    value.len() >= GRPC.len()
+        && value[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(
+            value.get(GRPC.len()),
+            None | Some(b'+' | b';' | b' ' | b'\t')
+        )
 }
 
 /// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H` hours, `M` minutes,
@@ -92,6 +101,35 @@ mod tests {
                 None,
                 "{:?}",
                 String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        for yes in [
+            &b"application/grpc"[..],
+            b"application/grpc+proto",
+            b"Application/GRPC+json",
+            b"application/grpc; charset=utf-8",
+        ] {
+            assert!(
+                is_grpc_content_type(yes),
+                "{:?}",
+                String::from_utf8_lossy(yes)
+            );
+        }
+        for no in [
+            &b"application/grpc-web"[..],
+            b"application/grpc-web-text+proto",
+            b"application/grpcx",
+            b"application/json",
+            b"application/grp",
+        ] {
+            assert!(
+                !is_grpc_content_type(no),
+                "{:?}",
+                String::from_utf8_lossy(no)
             );
         }
     }

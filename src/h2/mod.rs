@@ -32,6 +32,7 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::error::ErrorKind;
 use crate::http1::{
     parse_response, BodyFraming, ChunkedDecoder, Method, ResponseHead, Step, MAX_HEADERS_HARD_LIMIT,
 };
@@ -201,30 +202,50 @@ impl Drop for StreamGuard {
     }
 }
 
-/// The JSON error envelope as a complete HTTP/2 response.
+/// A refusal of a stream before it reaches the proxy path, as a complete HTTP/2 response: the
+/// JSON error envelope, or for a gRPC call a trailers-only response with its `grpc-status`
+/// (as the proxy path answers its errors).
 fn local_error(
     respond: &mut SendResponse<Bytes>,
     w: &Worker,
-    status: u16,
-    code: &str,
+    kind: ErrorKind,
     message: &str,
+    grpc: bool,
 ) {
+    let Some(status) = kind.status() else {
+        return;
+    };
     let rid = w.ids.next();
-    let body = format!(
-        "{{\"error\":{{\"code\":\"{code}\",\"message\":\"{message}\",\"request_id\":\"{}\"}}}}",
-        rid.as_str()
-    );
-    let resp = http::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .header("content-length", body.len())
-        .header("x-request-id", rid.as_str())
-        .body(());
-    if let Ok(mut resp) = resp {
-        if let Some(v) = resp.headers_mut().get_mut("x-request-id") {
-            v.set_sensitive(true);
-        }
-        if let Ok(mut send) = respond.send_response(resp, false) {
+    let builder = http::Response::builder().header("x-request-id", rid.as_str());
+    let (resp, body) = if grpc {
+        let resp = builder
+            .status(200)
+            .header("content-type", "application/grpc")
+            .header("grpc-status", u16::from(grpc::status_for(kind)))
+            .header("grpc-message", message)
+            .body(());
+        (resp, None)
+    } else {
+        let body = format!(
+            "{{\"error\":{{\"code\":\"{}\",\"message\":\"{message}\",\"request_id\":\"{}\"}}}}",
+            kind.code(),
+            rid.as_str()
+        );
+        let resp = builder
+            .status(status)
+            .header("content-type", "application/json")
+            .header("content-length", body.len())
+            .body(());
+        (resp, Some(body))
+    };
+    let Ok(mut resp) = resp else {
+        return;
+    };
+    if let Some(v) = resp.headers_mut().get_mut("x-request-id") {
+        v.set_sensitive(true);
+    }
+    if let Ok(mut send) = respond.send_response(resp, body.is_none()) {
+        if let Some(body) = body {
             let _ = send.send_data(Bytes::from(body), true);
         }
     }
@@ -255,7 +276,9 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> BytesMut {
             cookies += 1;
             continue;
         }
-        // TE (only `trailers` is allowed in HTTP/2) goes on: gRPC upstreams want it.
+        // TE (only `trailers` is allowed in HTTP/2) goes on to the proxy path, which keeps
+        // `te: trailers` toward an HTTP/2 upstream (gRPC needs it) and, as a hop-by-hop
+        // field, drops it toward HTTP/1.1.
         if name == http::header::HOST && authority.is_some() {
             continue;
         }
@@ -295,15 +318,19 @@ async fn stream(
     _guard: StreamGuard,
 ) {
     let (parts, mut body) = req.into_parts();
+    let grpc = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
     // Extended CONNECT (the HTTP/2 way to tunnel) is not offered. (An `upgrade` field never
     // gets here: h2 resets a stream carrying one as malformed, RFC 9113 §8.2.2.)
     if parts.method == http::Method::CONNECT {
         local_error(
             &mut respond,
             &w,
-            501,
-            "not_implemented",
+            ErrorKind::NotImplemented,
             "protocol upgrades are not supported over HTTP/2; use HTTP/1.1",
+            grpc,
         );
         return;
     }
@@ -314,19 +341,15 @@ async fn stream(
         local_error(
             &mut respond,
             &w,
-            400,
-            "bad_request",
+            ErrorKind::BadRequest,
             "the :path pseudo-header must be an absolute path",
+            grpc,
         );
         return;
     }
     let head_request = parts.method == http::Method::HEAD;
     let chunked =
         !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-    let grpc = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
     let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
     // The request head becomes the pipe's first bytes as it is (the proxy side is not running
     // yet; HTTP/2 bounds header lists).

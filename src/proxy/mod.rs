@@ -134,7 +134,8 @@ pub struct ReqInfo {
     pub expect_continue: bool,
     /// Request id.
     pub rid: RequestId,
-    /// A gRPC call: HTTP/2 with an `application/grpc*` content type. Its errors are
+    /// A gRPC call: HTTP/2 with an `application/grpc` content type (see
+    /// [`crate::h2::grpc::is_grpc_content_type`]). Its errors are
     /// trailers-only responses with `grpc-status`, not the JSON envelope.
     pub grpc: bool,
     /// Its `grpc-timeout`, as a deadline.
