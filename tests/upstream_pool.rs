@@ -360,3 +360,63 @@ fn an_early_answer_to_a_buffered_body_is_relayed() {
     assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]));
     assert_eq!(conns.load(Ordering::SeqCst), 1, "not replayed");
 }
+
+#[test]
+fn a_buffered_body_answered_early_is_replayed_whole_and_the_client_kept() {
+    // The first attempt's upstream answers 503 before it has the buffered body and reads
+    // none of it; the retry sends the whole body again (from the buffer, never from the
+    // client socket), and the client, whose body was read whole, keeps its connection.
+    let conns = Arc::new(AtomicUsize::new(0));
+    let seen = conns.clone();
+    let addr = raw_origin(move |mut s: TcpStream| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        let head = String::from_utf8(read_head_raw(&mut s)).unwrap();
+        if n == 0 {
+            let _ = s.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            return;
+        }
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        let answer = format!("{}:{}", len, fnv(&body));
+        let _ = s.write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
+                answer.len()
+            )
+            .as_bytes(),
+        );
+        // Any further request on this connection.
+        let _ = read_head_raw(&mut s);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext");
+    });
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\n\
+         retries = {{ attempts = 2, retry_on = [\"5xx\"], buffer_max_bytes = 16777216 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let mut c = proxy.connect();
+    let body = pattern(8_000_000, 3);
+    c.send(b"PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 8000000\r\n\r\n");
+    c.stream.write_all(&body).unwrap();
+    let r = c.read_response(false).expect("the retry's answer");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), format!("8000000:{}", fnv(&body)));
+    assert_eq!(
+        r.header("connection"),
+        None,
+        "the client's body was read whole"
+    );
+    assert_eq!(c.get("/y").status, 200, "and its connection goes on");
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        2,
+        "the retry's connection, which had the whole body, serves the next request"
+    );
+}

@@ -85,8 +85,11 @@ pub(super) enum BodyPlan {
 struct BodyState {
     /// Bytes of it may have reached an upstream.
     touched: bool,
-    /// All of it was read from the client (and sent).
+    /// All of it was read from the client (a buffered body: before the first attempt).
     done: bool,
+    /// All of it reached the upstream that answered (an upstream may answer before it has
+    /// a buffered body whole: its connection is not reused, the client's may be).
+    sent: bool,
 }
 
 /// A proxied request's slot of the gateway cap, returned when dropped (on every path).
@@ -541,6 +544,7 @@ pub(super) async fn proxy(
     let mut bstate = BodyState {
         touched: false,
         done: !matches!(body, BodyPlan::Streamed),
+        sent: false,
     };
 
     let mut tried = Tried::default();
@@ -712,7 +716,7 @@ pub(super) async fn proxy(
         read_timeout,
         &mut upc,
         ubuf,
-        bstate.done,
+        bstate,
     )
     .await;
     let ep = inflight.endpoint().clone();
@@ -982,9 +986,10 @@ async fn exchange(
         };
         match result {
             Ok(ubuf) => {
-                // Answered before it had all of a buffered body: neither connection is
-                // reused.
-                bstate.done &= all_sent;
+                // Answered before it had all of a buffered body: that upstream connection
+                // is not reused. (The body stays whole in its buffer, and `done`: a retry
+                // sends all of it again from there.)
+                bstate.sent = bstate.done && all_sent;
                 return Exchange::Head(upc, ubuf);
             }
             Err(HeadError { error, .. }) if error.side() == Side::Downstream => {
@@ -1575,8 +1580,11 @@ async fn relay_response(
     read_timeout: std::time::Duration,
     upc: &mut UpConn,
     mut ubuf: Block,
-    body_sent: bool,
+    bstate: BodyState,
 ) -> Relayed {
+    // `body_read`: nothing of the request is left on the client connection;
+    // `body_sent`: the upstream connection has all of it.
+    let (body_read, body_sent) = (bstate.done, bstate.sent);
     let resp = &conn.resp;
     if resp.status == 101 {
         // A 101 names the protocol switched to (RFC 9110 §7.8): one without it is no switch
@@ -1593,7 +1601,7 @@ async fn relay_response(
         let err =
             Error::new(ErrorKind::UpstreamInvalid, Side::Upstream).with_cause("unexpected 101");
         log_upstream(info, up_name, Some(upc.addr()), &err);
-        return Relayed::invalid(fail(w, cg, conn, info, err, !body_sent).await);
+        return Relayed::invalid(fail(w, cg, conn, info, err, !body_read).await);
     }
     let http10 = info.version == Version::Http10;
     let (relay, out_framing) = match resp.framing {
@@ -1612,7 +1620,7 @@ async fn relay_response(
         BodyFraming::UntilClose => (Relay::UntilClose, BodyFraming::None),
     };
     let keep_client = info.keep_alive
-        && body_sent
+        && body_read
         && !w.draining()
         && !matches!(relay, Relay::Dechunk | Relay::UntilClose);
     let connection: Option<&[u8]> = if !keep_client {
@@ -1636,11 +1644,11 @@ async fn relay_response(
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
             .with_cause("response head too large to relay");
         log_upstream(info, up_name, Some(upc.addr()), &err);
-        return Relayed::invalid(fail(w, cg, conn, info, err, !body_sent).await);
+        return Relayed::invalid(fail(w, cg, conn, info, err, !body_read).await);
     }
     ubuf.consume(resp.len);
     if !keep_client {
-        conn.linger = !body_sent;
+        conn.linger = !body_read;
     }
 
     let mut relay_state = RelayState {
@@ -1654,7 +1662,7 @@ async fn relay_response(
     if let Err(e) = relay_state.fill_head_block(relay, &mut ubuf, &mut out) {
         // Nothing was sent yet, but the head is already committed to this response.
         log_upstream(info, up_name, Some(upc.addr()), &e);
-        return Relayed::invalid(fail(w, cg, conn, info, e, !body_sent).await);
+        return Relayed::invalid(fail(w, cg, conn, info, e, !body_read).await);
     }
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
