@@ -1162,3 +1162,97 @@ fn an_h2_upstream_that_sends_its_head_before_reading_gets_the_whole_body() {
     let resp = read_response(&mut r, false).expect("a response");
     assert_eq!((resp.status, resp.text().as_str()), (200, "1048576"));
 }
+
+#[test]
+fn a_burst_on_an_empty_pool_opens_at_most_h2_connections() {
+    // Thirty requests at once on a worker with no upstream connection yet: connections
+    // being opened count toward `h2_connections` (1 here), so the burst opens one, not one
+    // each.
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    let origin = tokio_server(move |tcp| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            while let Some(Ok((req, respond))) = conn.accept().await {
+                tokio::spawn(serve_big_or_small(req, respond));
+            }
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(30));
+    let clients: Vec<_> = (0..30)
+        .map(|_| {
+            let (addr, barrier) = (proxy.addr, barrier.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                barrier.wait();
+                let r = c.get("/x");
+                (r.status, r.text())
+            })
+        })
+        .collect();
+    for t in clients {
+        assert_eq!(t.join().unwrap(), (200, "small".to_string()));
+    }
+    let opened = conns.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(opened, 1, "{opened} connections opened");
+}
+
+#[test]
+fn before_the_upstream_states_its_stream_limit_at_most_100_streams_go_out() {
+    // 120 requests at once on a connection whose peer has not sent its SETTINGS yet: at most
+    // 100 streams are opened (the limit to assume, RFC 9113 §6.5.2), the rest wait.
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let tx = std::sync::Mutex::new(tx);
+    let origin = raw_origin(move |mut s| {
+        s.set_read_timeout(Some(Duration::from_millis(800)))
+            .unwrap();
+        let mut preface = [0u8; 24];
+        if s.read_exact(&mut preface).is_err() {
+            return;
+        }
+        let mut streams = Vec::new();
+        // No SETTINGS of ours yet: count the streams opened meanwhile.
+        while let Some((kind, _, stream, _)) = read_frame(&mut s) {
+            if kind == 1 {
+                streams.push(stream);
+            }
+        }
+        let _ = tx.lock().unwrap().send(streams.len());
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // MAX_CONCURRENT_STREAMS 1000, ACK of theirs; then answer every stream.
+        let _ = s.write_all(&frame_bytes(4, 0, 0, &[0, 3, 0, 0, 0x03, 0xe8]));
+        let _ = s.write_all(&frame_bytes(4, 1, 0, &[]));
+        for id in streams {
+            let _ = s.write_all(&frame_bytes(1, 0x5, id, &[0x88]));
+        }
+        while let Some((kind, _, stream, _)) = read_frame(&mut s) {
+            if kind == 1 {
+                let _ = s.write_all(&frame_bytes(1, 0x5, stream, &[0x88]));
+            }
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(120));
+    let clients: Vec<_> = (0..120)
+        .map(|_| {
+            let (addr, barrier) = (proxy.addr, barrier.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                barrier.wait();
+                c.get("/x").status
+            })
+        })
+        .collect();
+    let early = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    for t in clients {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+    assert!(
+        (1..=100).contains(&early),
+        "{early} streams before SETTINGS"
+    );
+}

@@ -77,7 +77,11 @@ where
     // The upstream may not push (nothing would take the promised responses) nor open streams
     // of its own, and its heads are bounded as an HTTP/1.1 upstream's are: without these, a
     // PUSH_PROMISE flood or one 16 MiB header list is held in memory.
+    // Until the peer's SETTINGS come, at most 100 streams (RFC 9113 §6.5.2 advises no lower
+    // limit; h2's own default is unbounded): a burst on a new connection is not sent past a
+    // limit the peer has yet to state, only to be refused.
     builder
+        .initial_max_send_streams(100)
         .initial_window_size(limits.stream_window)
         .initial_connection_window_size(limits.connection_window)
         .enable_push(false)
@@ -275,6 +279,25 @@ impl Conn {
 #[derive(Debug, Default)]
 pub struct H2Pool {
     conns: RefCell<Vec<Conn>>,
+    /// Connections being opened: they count toward `h2_connections` (a burst on an empty
+    /// pool opens as many as that, not one per request).
+    connecting: Cell<usize>,
+}
+
+/// A connection being opened, counted in [`H2Pool::connecting`] until dropped.
+struct Connecting<'a>(&'a Cell<usize>);
+
+impl<'a> Connecting<'a> {
+    fn new(count: &'a Cell<usize>) -> Self {
+        count.set(count.get() + 1);
+        Connecting(count)
+    }
+}
+
+impl Drop for Connecting<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 /// A stream's hold on its connection's count, given back when dropped.
@@ -317,8 +340,10 @@ impl H2Pool {
     }
 
     /// A handle to send one request on, and its stream slot: the least loaded connection
-    /// with room under the peer's stream limit, else a new one (up to `max_conns`), else the
-    /// least loaded anyway (h2 queues the stream until one is free).
+    /// with room under the peer's stream limit, else a new one (up to `max_conns`, those
+    /// being opened included), else the least loaded anyway (h2 queues the stream until one
+    /// is free). `Busy` when there is none yet and no other may be opened (the caller waits
+    /// and asks again, as for an HTTP/1.1 connection).
     pub async fn stream(
         &self,
         addr: std::net::SocketAddr,
@@ -336,22 +361,36 @@ impl H2Pool {
         let pick = loop {
             let mut conns = self.conns.borrow_mut();
             conns.retain(|c| !c.closed());
-            let best = conns.iter().min_by_key(|c| c.streams());
-            match best {
-                Some(c)
-                    if c.streams() < c.send.current_max_send_streams()
-                        || conns.len() >= max_conns =>
-                {
-                    // A connection told to go away keeps running for its streams in
-                    // flight, but takes no new one: out of the pool with it.
-                    if refuses_streams(&c.send) {
-                        c.shared.closed.set(true);
-                        continue;
-                    }
-                    break Some(c.take_stream());
+            let at_limit = conns.len() + self.connecting.get() >= max_conns;
+            let best = (0..conns.len()).min_by_key(|&i| conns[i].streams());
+            let Some(i) = best else {
+                if at_limit {
+                    return Err(ConnectError::Busy);
                 }
-                _ => break None,
+                break None;
+            };
+            let c = &conns[i];
+            let full = c.streams() >= c.send.current_max_send_streams();
+            if full && !at_limit {
+                break None;
             }
+            // A connection told to go away keeps running for its streams in flight, but
+            // takes no new one: out of the pool with it.
+            if refuses_streams(&c.send) {
+                c.shared.closed.set(true);
+                continue;
+            }
+            if full {
+                // Every connection is full: before a stream queues on one, those told to go
+                // away (not the least loaded, so not looked at above) leave, and a new
+                // connection may take their place.
+                let before = conns.len();
+                conns.retain(|c| !refuses_streams(&c.send));
+                if conns.len() < before {
+                    continue;
+                }
+            }
+            break Some(conns[i].take_stream());
         };
         if let Some(p) = pick {
             return Ok(p);
@@ -368,6 +407,7 @@ impl H2Pool {
                 None => Err(ConnectError::Busy),
             };
         }
+        let _connecting = Connecting::new(&self.connecting);
         let tcp = match net::connect(addr, connect_timeout).await {
             Ok(s) => s,
             Err(e) => {
