@@ -513,6 +513,38 @@ fn an_upstream_connection_silent_after_a_timeout_is_replaced() {
 }
 
 #[test]
+fn a_call_whose_own_deadline_passes_on_a_silent_connection_gets_it_replaced() {
+    // A gRPC call's deadline (shorter than the response timeout) passes on the silent
+    // connection: that is the client's doing, but the connection must still answer a PING,
+    // or calls with short deadlines would keep a dead one in the pool.
+    let (origin, conns) = origin_going_silent();
+    let proxy = proxy_to_h2_with(
+        origin,
+        "response_timeout = \"10s\"\nconnect_timeout = \"500ms\"",
+    );
+    let mut c = Client::connect(proxy.addr);
+    assert_eq!(c.get("/a").status, 200);
+    let (status, headers, ..) = rt().block_on(call(
+        proxy.addr,
+        "/echo.Svc/Unary",
+        &frame(b"x"),
+        Some("300m"),
+    ));
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["grpc-status"], "4",
+        "DEADLINE_EXCEEDED: {headers:?}"
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let r = c.get("/c");
+    assert_eq!((r.status, r.text().as_str()), (200, "small"));
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[test]
 fn with_keepalive_a_silent_upstream_connection_is_dropped_while_a_request_waits() {
     let (origin, conns) = origin_going_silent();
     let proxy = proxy_to_h2_with(
@@ -1199,6 +1231,51 @@ fn a_burst_on_an_empty_pool_opens_at_most_h2_connections() {
     }
     let opened = conns.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(opened, 1, "{opened} connections opened");
+}
+
+#[test]
+fn a_stream_beyond_a_goaway_with_an_error_code_is_sent_again() {
+    // The first connection answers the first stream with GOAWAY(ENHANCE_YOUR_CALM, last
+    // stream 0): that stream was not processed whatever the code (RFC 9113 §6.8), so even a
+    // POST goes again, on a new connection, and nothing is held against the endpoint.
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    let origin = raw_origin(move |mut s| {
+        let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut preface = [0u8; 24];
+        if s.read_exact(&mut preface).is_err() {
+            return;
+        }
+        s.write_all(&frame_bytes(4, 0, 0, &[])).unwrap(); // our SETTINGS
+        while let Some((kind, flags, stream, _)) = read_frame(&mut s) {
+            if kind == 4 && flags & 1 == 0 {
+                let _ = s.write_all(&frame_bytes(4, 1, 0, &[])); // ACK of theirs
+            }
+            if kind != 1 {
+                continue;
+            }
+            if n == 0 {
+                let mut p = 0u32.to_be_bytes().to_vec();
+                p.extend_from_slice(&0xbu32.to_be_bytes());
+                let _ = s.write_all(&frame_bytes(7, 0, 0, &p));
+                std::thread::sleep(Duration::from_millis(300));
+                return;
+            }
+            // :status 200 (static index 8), END_STREAM | END_HEADERS.
+            let _ = s.write_all(&frame_bytes(1, 0x5, stream, &[0x88]));
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "");
+    let mut c = Client::connect(proxy.addr);
+    c.send(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    let r = c.read_response(false).expect("a response");
+    assert_eq!(r.status, 200);
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        metric_sum(proxy.addr, "ringway_upstream_failures_total"),
+        0.0
+    );
 }
 
 #[test]

@@ -463,7 +463,7 @@ pub(super) async fn proxy(
     // rest of that body then streams beside the relay.
     let responding = Cell::new(false);
     let mut duplex_rest: Option<DuplexPump<'_>>;
-    let (ticket, inflight, resp, _stream_slot) = loop {
+    let (ticket, inflight, resp, stream_slot) = loop {
         duplex_rest = None;
         attempts += 1;
         let mut ticket = Ticket {
@@ -535,9 +535,11 @@ pub(super) async fn proxy(
                 Err(e) => break 'attempt Attempt::Client(e),
             };
             let reset = |e: h2::Error| {
+                // A GOAWAY reaches, as an error, only the streams above its last stream id
+                // (those at or below it end as the connection does): whatever its error
+                // code, those were not processed (RFC 9113 §6.8).
                 let unprocessed = e.is_remote()
-                    && (e.reason() == Some(h2::Reason::REFUSED_STREAM)
-                        || e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR));
+                    && (e.reason() == Some(h2::Reason::REFUSED_STREAM) || e.is_go_away());
                 if unprocessed {
                     let err = Error::new(ErrorKind::UpstreamClosed, Side::Upstream);
                     return Attempt::Unprocessed(err.with_cause(e));
@@ -609,15 +611,20 @@ pub(super) async fn proxy(
                         break 'attempt match head.await {
                             Ok(Ok(r)) => Attempt::Response(r, slot),
                             Ok(Err(e)) => reset(e),
-                            Err(_) => timed_out("no response head in time"),
+                            Err(_) => {
+                                slot.suspect();
+                                timed_out("no response head in time")
+                            }
                         };
                     }
                     Ok(Some(Err(e))) => break 'attempt reset(e),
                     Ok(None) => break 'attempt Attempt::Client(cancelled()),
                     Err(_) => {
+                        // Streams that never end may be a dead connection's.
+                        slot.suspect();
                         break 'attempt timed_out(
                             "no stream free on the upstream connection in time",
-                        )
+                        );
                     }
                 }
             }
@@ -638,11 +645,11 @@ pub(super) async fn proxy(
             // What the wait for the response head came to (`None`: its deadline passed).
             let head_outcome = |r: Option<HeadResult>| match r {
                 None => {
-                    if call_deadline.is_none() {
-                        // The connection may be dead without a word: it must answer a PING
-                        // now, or it is closed (see `h2pool`).
-                        slot.suspect();
-                    }
+                    // The connection may be dead without a word: it must answer a PING now,
+                    // or it is closed (see `h2pool`). Also when the call's own deadline
+                    // passed: calls whose deadlines are all shorter than the response timeout
+                    // would otherwise keep a dead connection in the pool.
+                    slot.suspect();
                     timed_out("no response head in time")
                 }
                 Some(Err(HeadFail::H2(e))) => reset(e),
@@ -870,6 +877,10 @@ pub(super) async fn proxy(
         }
     };
     drop(inflight);
+    if upstream_failure == Some(FailureClass::Timeout) {
+        // A body that stalled may be a dead connection's (see `h2pool`).
+        stream_slot.suspect();
+    }
     let outcome = if status >= 500 {
         Err(FailureClass::Status5xx)
     } else {
