@@ -432,6 +432,32 @@ fn pipelined_bytes_are_no_close_and_the_close_check_can_be_off() {
         assert_eq!((r.status, r.text()), (200, "slow".to_string()));
     }
 
+    // Pipelined requests (with the second proxy, one with a body buffered for replay), then a
+    // shutdown
+    // of the client's side, as `printf ... | nc -N` does: ringway has read them all, and
+    // the client still waits for every answer.
+    let proxy_buffering = Proxy::start(&format!(
+        "[http]\nclient_close_check = \"100ms\"\n[[upstreams]]\nname = \"up\"\n\
+         endpoints = [\"{origin}\"]\nretries = {{ buffer_max_bytes = 1024 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let second: [&[u8]; 2] = [
+        b"GET /2 HTTP/1.1\r\nHost: test\r\n\r\n",
+        b"PUT /2 HTTP/1.1\r\nHost: test\r\nContent-Length: 2\r\n\r\nhi",
+    ];
+    for (proxy, second) in [&proxy, &proxy_buffering].into_iter().zip(second) {
+        let mut c = proxy.connect();
+        let mut bytes = b"GET /1 HTTP/1.1\r\nHost: test\r\n\r\n".to_vec();
+        bytes.extend_from_slice(second);
+        bytes.extend_from_slice(b"GET /3 HTTP/1.1\r\nHost: test\r\n\r\n");
+        c.send(&bytes);
+        c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        for _ in 0..3 {
+            let r = c.read_response(false).expect("a response");
+            assert_eq!((r.status, r.text()), (200, "slow".to_string()));
+        }
+    }
+
     // Checking off: a client that shuts down its side after its request is answered.
     let proxy = Proxy::to(origin, "[http]\nclient_close_check = \"off\"\n");
     let mut c = proxy.connect();

@@ -884,7 +884,8 @@ async fn exchange(
     let resend_ok = resendable(info, body);
     // A client gone (an HTTP/2 stream reset, a socket closed: `proxy::gone`) ends the wait
     // for the response head, and the upstream request with it.
-    let gone = ClientGone::of(w, cg, &conn.stream);
+    let pipelined = conn.pipelines(head_len, !matches!(body, BodyPlan::Streamed));
+    let gone = ClientGone::of(w, cg, &conn.stream, pipelined);
     loop {
         let mut ubuf = w.pool.take();
         if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {

@@ -577,7 +577,8 @@ pub(super) async fn proxy(
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
-            let gone = ClientGone::of(w, cg, &conn.stream);
+            let pipelined = conn.pipelines(head_len, !matches!(body, BodyPlan::Streamed));
+            let gone = ClientGone::of(w, cg, &conn.stream, pipelined);
             // A deadline passing: the call's own grpc-timeout is the client's doing, not a
             // failure of the upstream (neither the breaker nor outlier detection hears of
             // it, and it is not retried: DEADLINE_EXCEEDED to the client).

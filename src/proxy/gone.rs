@@ -9,7 +9,9 @@
 //! have waited at least `http.client_close_check` with one `poll(2)` for all of them. A client
 //! that shut down its side (`POLLRDHUP`) or reset the connection counts as gone, as nginx
 //! counts it by default, unless bytes it sent before its shutdown are still unread (a request
-//! body still being uploaded, a pipelined request); bytes it sends meanwhile are no close.
+//! body still being uploaded, a pipelined request) or it pipelined on this connection (the
+//! request path then watches no socket: [`ClientGone::of`]); bytes it sends meanwhile are no
+//! close.
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -179,12 +181,16 @@ pub enum ClientGone<'a> {
 
 impl<'a> ClientGone<'a> {
     /// The watch for a request on `stream`: an HTTP/2 stream's, or its socket's when
-    /// `http.client_close_check` is on.
-    pub fn of(w: &'a Worker, cg: &CoreGen, stream: &ClientStream) -> Option<Self> {
+    /// `http.client_close_check` is on and the client did not pipeline (`pipelined`: a
+    /// shutdown of its side is then no close, it waits for the answers to all it sent).
+    pub fn of(w: &'a Worker, cg: &CoreGen, stream: &ClientStream, pipelined: bool) -> Option<Self> {
         if let Some(g) = stream.gone_watch() {
             return Some(ClientGone::Stream(g));
         }
         cg.gen.http.client_close_check?;
+        if pipelined {
+            return None;
+        }
         let fd = stream.socket_fd()?;
         Some(ClientGone::socket(&w.closes, fd, w.now()))
     }

@@ -68,6 +68,8 @@ pub struct ClientConn {
     linger: bool,
     /// The parsed head's bytes are still at the front of `rbuf`.
     head_pending: bool,
+    /// The client pipelined: a request of it was read while another was still unanswered.
+    pipelined: bool,
     /// A response was cut short: the connection is reset on close, never lingered.
     aborted: bool,
     /// A 101 went to the client: the connection continues as this tunnel.
@@ -77,6 +79,18 @@ pub struct ClientConn {
 }
 
 impl ClientConn {
+    /// Whether the client pipelined on this connection: now (the read buffer holds bytes
+    /// past the current request, once its body is out of it: `body_taken`, no body or one
+    /// buffered whole) or before. Such a client wants the answers to all it sent, even if it
+    /// shut down its side after sending (as `printf ... | nc -N` does).
+    fn pipelines(&mut self, head_len: usize, body_taken: bool) -> bool {
+        let head = if self.head_pending { head_len } else { 0 };
+        if body_taken && self.rbuf.as_ref().is_some_and(|b| b.len() > head) {
+            self.pipelined = true;
+        }
+        self.pipelined
+    }
+
     /// Drops the current request head from the read buffer (once).
     fn consume_head(&mut self, len: usize) {
         if self.head_pending {
@@ -234,6 +248,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
         accepted: w.now(),
         linger: false,
         head_pending: false,
+        pipelined: false,
         aborted: false,
         tunnel: None,
     };
