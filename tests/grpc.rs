@@ -96,6 +96,9 @@ async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::Send
             )
             .unwrap();
             trailers.insert("x-done", "yes".parse().unwrap());
+            // Fields that frame or route a message: never relayed in a trailer section.
+            trailers.insert("content-length", "99".parse().unwrap());
+            trailers.insert("host", "elsewhere.example".parse().unwrap());
         }
     }
     let _ = send.send_trailers(trailers);
@@ -292,6 +295,8 @@ fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
     assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
     assert!(text.contains("plain post 5"), "{text}");
     assert!(text.ends_with("0\r\nx-done: yes\r\n\r\n"), "{text}");
+    assert!(!text.contains("content-length: 99"), "{text}");
+    assert!(!text.contains("elsewhere"), "{text}");
     // Keep-alive over several requests on one HTTP/2 connection upstream.
     for _ in 0..20 {
         assert_eq!(c.get("/plain").status, 200);

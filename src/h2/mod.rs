@@ -706,8 +706,9 @@ fn trailers(lines: &[u8]) -> Option<http::HeaderMap> {
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             continue;
         };
-        // Connection-specific fields have no place in HTTP/2 (RFC 9113 §8.2.2).
-        if crate::http1::HeaderKind::classify(line[..colon].trim_ascii()).is_hop_by_hop() {
+        // Connection-specific fields have no place in HTTP/2 (RFC 9113 §8.2.2), nor framing
+        // and routing ones in trailers.
+        if !crate::http1::HeaderKind::classify(line[..colon].trim_ascii()).fits_a_trailer() {
             continue;
         }
         let (Ok(name), Ok(value)) = (

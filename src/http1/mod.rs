@@ -224,6 +224,19 @@ impl HeaderKind {
     }
 }
 
+impl HeaderKind {
+    /// Whether a field of this kind may be relayed in a trailer section: not a
+    /// connection-specific one, and none that frames or routes a message (RFC 9110 §6.5.1),
+    /// as a recipient merging trailers into the header section would take them for real.
+    pub fn fits_a_trailer(self) -> bool {
+        !self.is_hop_by_hop()
+            && !matches!(
+                self,
+                HeaderKind::ContentLength | HeaderKind::Host | HeaderKind::ForwardedAlias
+            )
+    }
+}
+
 /// One parsed header field: where its name and value are, what it is, and whether it must be
 /// dropped when forwarding (hop-by-hop or listed in Connection).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

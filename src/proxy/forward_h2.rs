@@ -1049,7 +1049,10 @@ async fn relay(
             end.put(b"0\r\n")?;
             if let Some(t) = &trailers {
                 for (name, value) in t {
-                    put_field(&mut end, name.as_str().as_bytes(), value.as_bytes())?;
+                    let name = name.as_str().as_bytes();
+                    if HeaderKind::classify(name).fits_a_trailer() {
+                        put_field(&mut end, name, value.as_bytes())?;
+                    }
                 }
             }
             end.put(b"\r\n")
