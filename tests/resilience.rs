@@ -140,6 +140,31 @@ fn p2c_ewma_prefers_the_faster_endpoint() {
 }
 
 #[test]
+fn p2c_ewma_does_not_prefer_an_endpoint_that_fails_fast() {
+    // Beside an endpoint answering 200 after 5 ms: one answering 503 at once, then a closed
+    // port. (5xx is neither retried nor ejected by default; retries are off here.) A failure
+    // counts as a slow sample: after its first failure, the failing endpoint is avoided
+    // rather than preferred for answering fast.
+    let failing = Origin::start(|_| Reply::text(503, "failing"));
+    let healthy =
+        Origin::start(|_| Reply::Delay(Duration::from_millis(5), Box::new(Reply::text(200, "ok"))));
+    for bad in [failing.addr, closed_port()] {
+        let endpoints = quoted(&[bad, healthy.addr]);
+        let p = proxy_over("workers = 1", &endpoints, "retries = { attempts = 1 }");
+        let mut c = p.connect();
+        let mut failed = 0;
+        for _ in 0..40 {
+            let r = c.get("/");
+            if r.status != 200 {
+                failed += 1;
+                c = p.connect();
+            }
+        }
+        assert!(failed <= 2, "{bad}: {failed} of 40 requests failed");
+    }
+}
+
+#[test]
 fn hash_balancers_are_sticky_and_spread() {
     let origins = [Origin::ok("a"), Origin::ok("b"), Origin::ok("c")];
     let addrs: Vec<SocketAddr> = origins.iter().map(|o| o.addr).collect();

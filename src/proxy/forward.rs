@@ -293,6 +293,10 @@ pub(super) fn record(
     if let Err(class) = outcome {
         up.shared.stats(w.id).failure(class);
         ep.state.stats(w.id).failure(class);
+        ep.observe_latency(
+            crate::upstream::balancer::FAILURE_PENALTY,
+            std::time::Instant::now(),
+        );
     }
     if let Some(o) = &up.cfg.outlier {
         match outcome {

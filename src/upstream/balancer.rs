@@ -20,6 +20,13 @@ pub const MAX_RING_POINTS: u64 = 16 * 1024;
 /// Peak-EWMA decay time for p2c latency estimates, in seconds.
 pub const EWMA_DECAY_SECS: f64 = 10.0;
 
+/// The latency sample a failed attempt counts as (a refused connect, a reset, a timeout, an
+/// invalid response, a 5xx): failing fast must not make an endpoint look fast. Being a peak,
+/// it takes over the estimate at once and decays like any sample (about 0.37 s after
+/// 10 s), so the endpoint is tried again as its estimate falls, or at once when the others
+/// are loaded (the cost is latency × (in-flight + 1)).
+pub const FAILURE_PENALTY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What a balancer needs to know about each endpoint.
 pub trait Endpoints {
     /// Number of endpoints.
