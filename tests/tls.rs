@@ -342,3 +342,32 @@ fn an_upgrade_tunnels_over_tls() {
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn a_response_delimited_by_the_close_ends_with_close_notify() {
+    // An HTTP/1.0 client without keep-alive, a chunked upstream response: the body goes
+    // de-chunked and ends with the connection, which must end with close_notify (a clean
+    // end of stream for rustls, not UnexpectedEof) so it is known complete.
+    let dir = Dir::new("tls-close-notify");
+    write_certs(&dir);
+    let origin = Origin::start(|_| {
+        Reply::Full(
+            200,
+            vec![("transfer-encoding".into(), "chunked".into())],
+            b"complete".to_vec(),
+        )
+    });
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+    let mut c = TlsClient::connect(addr, "a.test");
+    c.stream
+        .get_mut()
+        .write_all(b"GET / HTTP/1.0\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let mut all = Vec::new();
+    let end = c.stream.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).to_string();
+    assert!(end.is_ok(), "{end:?} after {text:?}");
+    assert!(text.ends_with("\r\n\r\ncomplete"), "{text}");
+    server.shutdown();
+    server.join();
+}

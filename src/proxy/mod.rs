@@ -304,8 +304,16 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
             break;
         }
     }
-    if conn.linger && !conn.aborted {
+    if conn.aborted {
+        return;
+    }
+    if conn.linger {
         linger_close(&w, conn).await;
+    } else if conn.stream.is_tls() {
+        // A TLS connection ends with close_notify: a response delimited by the close (an
+        // HTTP/1.0 client's) is then told apart from one cut short. Bounded, as in
+        // `linger_close`.
+        let _ = monoio::time::timeout(LINGER_TIME, conn.stream.shutdown()).await;
     }
 }
 
