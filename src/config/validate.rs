@@ -359,6 +359,7 @@ fn compile_tls(
         }
     };
     let mut sni = Vec::new();
+    let mut seen_names = std::collections::HashSet::new();
     for c in &r.sni {
         let cr = c.get_ref();
         if cr.names.get_ref().is_empty() {
@@ -380,6 +381,12 @@ fn compile_tls(
                 return Err(ctx.error(
                     cr.names.span(),
                     format!("`{n}` is not a host name (or `*.` and one) a client can send as SNI"),
+                ));
+            }
+            if !seen_names.insert(n.to_ascii_lowercase()) {
+                return Err(ctx.error(
+                    cr.names.span(),
+                    format!("`{n}` is named by two sni certificates (one would win silently)"),
                 ));
             }
         }
@@ -759,6 +766,12 @@ fn compile_upstream_tls(
         (None, None) => None,
         _ => return Err(ctx.error(span, "tls.client_cert and tls.client_key go together")),
     };
+    if t.insecure_skip_verify == Some(true) && t.ca_file.is_some() {
+        return Err(ctx.error(
+            span,
+            "tls.ca_file has no use with insecure_skip_verify = true (nothing is verified)",
+        ));
+    }
     let spec = UpstreamTlsSpec {
         ca_file: t.ca_file.as_ref().map(path),
         server_name: t.server_name.clone(),
@@ -844,11 +857,22 @@ fn compile_health_check(
             ))
         }
     };
+    let interval = ctx.duration(&r.interval, Duration::from_secs(5))?;
+    let timeout = ctx.duration(&r.timeout, Duration::from_secs(1))?;
+    // The probes of a round run together and the next round waits for them: a timeout
+    // beyond the interval (or a minute) would hold up every upstream's checks, and shutdown.
+    if timeout > interval.min(Duration::from_secs(60)) {
+        let span = r.timeout.as_ref().map_or(0..0, |t| t.span());
+        return Err(ctx.error(
+            span,
+            "health_check.timeout must be at most its interval, and at most 60s",
+        ));
+    }
     Ok(HealthCheckConfig {
         path,
         expect_status,
-        interval: ctx.duration(&r.interval, Duration::from_secs(5))?,
-        timeout: ctx.duration(&r.timeout, Duration::from_secs(1))?,
+        interval,
+        timeout,
         healthy_threshold: ctx.int(
             &r.healthy_threshold,
             2,
@@ -986,6 +1010,8 @@ fn compile_route(
         r.preserve_host.as_ref().map(|s| s.span()),
         r.response_timeout.as_ref().map(|s| s.span()),
         r.read_timeout.as_ref().map(|s| s.span()),
+        // Only proxied requests take a slot of the gateway cap (and its reserve).
+        r.priority_class.as_ref().map(|s| s.span()),
     ];
     let action = if let Some(p) = &r.proxy {
         let upstream = upstreams
@@ -1560,6 +1586,44 @@ mod tests {
             let e = err(&tls(good));
             assert!(!e.to_string().contains("SNI"), "{good}: {e}");
         }
+    }
+
+    #[test]
+    fn keys_that_would_do_nothing_or_stall_are_refused() {
+        // The same SNI name on two certificates.
+        let e = err(
+            "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[listeners.tls]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
+             [[listeners.tls.sni]]\nnames = [\"a.test\"]\ncert = \"a.pem\"\nkey = \"a.key\"\n\
+             [[listeners.tls.sni]]\nnames = [\"A.test\"]\ncert = \"b.pem\"\nkey = \"b.key\"\n",
+        );
+        assert!(e.to_string().contains("two sni certificates"), "{e}");
+        // A CA file nothing is verified against.
+        let e = err(&format!(
+            "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\"]\n\
+             tls = {{ ca_file = \"ca.pem\", insecure_skip_verify = true }}\n"
+        ));
+        assert!(e.to_string().contains("ca_file"), "{e}");
+        // A priority class on a route that takes no slot of the gateway cap.
+        let e = err(&format!(
+            "{MIN}[[routes]]\npath = \"/status\"\nrespond = {{ status = 200 }}\npriority_class = 9\n"
+        ));
+        assert!(e.to_string().contains("proxy routes only"), "{e}");
+        // A health probe outlasting its interval (every upstream's checks would wait).
+        let hc = |keys: &str| {
+            format!(
+                "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\"]\n\
+                 health_check = {{ {keys} }}\n"
+            )
+        };
+        for bad in [
+            "timeout = \"10m\"",
+            "interval = \"2s\", timeout = \"3s\"",
+            "interval = \"5m\", timeout = \"2m\"",
+        ] {
+            let e = err(&hc(bad));
+            assert!(e.to_string().contains("health_check.timeout"), "{bad}: {e}");
+        }
+        assert!(compile(&hc("interval = \"2s\", timeout = \"2s\""), "t.toml").is_ok());
     }
 
     #[test]
