@@ -349,6 +349,10 @@ impl Breaker {
     /// Whether a request may go, given the breaker config (disabled: always).
     pub fn admit(&self, cfg: &BreakerConfig, now_ms: u64) -> Admit {
         if cfg.failure_threshold == 0 {
+            // Turned off by a reload while open: closed from now on (the state is reported).
+            if self.word.load(Ordering::Relaxed) & STATE_MASK != CLOSED {
+                self.word.store(CLOSED, Ordering::Relaxed);
+            }
             return Admit::Allow;
         }
         let open_ms = cfg.open_duration.as_millis() as u64;
@@ -651,6 +655,15 @@ mod tests {
             ..cfg
         };
         assert_eq!(Breaker::default().admit(&off, 0), Admit::Allow);
+        // Turned off (a reload) while open: it reports closed once requests flow again.
+        let b = Breaker::default();
+        for t in 0..3 {
+            let a = b.admit(&cfg, t);
+            b.record(&cfg, a, false, t);
+        }
+        assert_eq!(b.state().0, BreakerState::Open);
+        assert_eq!(b.admit(&off, 10), Admit::Allow);
+        assert_eq!(b.state().0, BreakerState::Closed);
     }
 
     /// Many threads competing for the permits of one half-open round never hold more than
