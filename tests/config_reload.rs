@@ -354,6 +354,19 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 403"), "{text}");
     assert_eq!(server.generation(), 1, "nothing was reloaded");
+    // A page whose name was rebound to the admin address reads it same-origin: a browser
+    // still says Sec-Fetch-Site. Without it (curl), the list is served.
+    for (fetch_site, status) in [("Sec-Fetch-Site: same-origin\r\n", "403"), ("", "200")] {
+        let mut s = TcpStream::connect(admin).unwrap();
+        s.write_all(
+            format!("GET /-/upstreams HTTP/1.1\r\nHost: rebound.example:9901\r\n{fetch_site}\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with(&format!("HTTP/1.1 {status}")), "{text}");
+    }
 
     // A client sending one byte a second is cut off after the 5 s head deadline, not per read.
     let mut slow = TcpStream::connect(admin).unwrap();

@@ -95,13 +95,15 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         }
     };
     let path = head.path.get(&buf[..parsed]).to_vec();
-    // A browser tricked into posting here (a cross-site form) sends Origin; operators' tools
-    // do not. Refusing it keeps web pages from reloading or draining through a loopback port.
+    // A browser sends Origin on a cross-site post and Sec-Fetch-Site on every request (same
+    // origin too: a page whose name was rebound to this address, DNS rebinding); operators'
+    // tools send neither. Refusing them keeps web pages from reloading, draining, or reading
+    // the endpoint list through a loopback port.
     let from_browser = head.headers.iter().any(|h| {
         let name = h.name.get(&buf[..parsed]);
         name.eq_ignore_ascii_case(b"origin") || name.eq_ignore_ascii_case(b"sec-fetch-site")
     });
-    if head.method == Method::Post && from_browser {
+    if from_browser {
         reply(&mut stream, 403, "{\"error\":{\"code\":\"forbidden\",\"message\":\"admin requests from browsers are refused\"}}");
         return;
     }
