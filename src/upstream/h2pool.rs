@@ -31,7 +31,7 @@ pub struct Limits {
     pub conns: usize,
     /// Connections per endpoint across workers (0: unlimited).
     pub total: u32,
-    /// Time for TCP, TLS and the HTTP/2 handshake each.
+    /// Time for the TCP connect and the TLS handshake together, and for the HTTP/2 handshake.
     pub connect_timeout: Duration,
     /// Receive window granted to each stream.
     pub stream_window: u32,
@@ -408,6 +408,8 @@ impl H2Pool {
             };
         }
         let _connecting = Connecting::new(&self.connecting);
+        // One `connect_timeout` for the TCP connect and the TLS handshake together.
+        let started = std::time::Instant::now();
         let tcp = match net::connect(addr, connect_timeout).await {
             Ok(s) => s,
             Err(e) => {
@@ -433,7 +435,8 @@ impl H2Pool {
                 handshake(io, &limits, state.clone()).await
             }
             Some(tls) => {
-                let s = super::tls_connect(tls, authority, tcp, connect_timeout)
+                let left = connect_timeout.saturating_sub(started.elapsed());
+                let s = super::tls_connect(tls, authority, tcp, left)
                     .await
                     .map_err(failed)?;
                 if s.alpn() != Some(&b"h2"[..]) {

@@ -513,6 +513,8 @@ impl UpstreamRt {
         // The slot now belongs to the connection: `UpConn` gives it back when dropped; a
         // failed connect gives it back here.
         add(&stats.pool_misses, 1);
+        // One `connect_timeout` for the TCP connect and the TLS handshake together.
+        let started = std::time::Instant::now();
         let connected = match net::connect(ep.addr, self.cfg.connect_timeout).await {
             Ok(stream) => match &self.cfg.tls {
                 None => Ok(UpConn::new(
@@ -524,7 +526,8 @@ impl UpstreamRt {
                 Some(tls) => {
                     use std::os::fd::AsRawFd;
                     let fd = stream.as_raw_fd();
-                    match tls_connect(tls, &ep.authority, stream, self.cfg.connect_timeout).await {
+                    let left = self.cfg.connect_timeout.saturating_sub(started.elapsed());
+                    match tls_connect(tls, &ep.authority, stream, left).await {
                         Ok(s) => Ok(UpConn::new_tls(
                             s,
                             fd,
