@@ -46,7 +46,8 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         let published = shared.published.load_full();
         let now = Instant::now();
         let mut due: Vec<Due> = Vec::new();
-        let mut seen = Vec::new();
+        // Endpoints still checked (a set: thousands of endpoints are looked up every round).
+        let mut seen = std::collections::HashSet::new();
         for (i, cfg) in published.gen.upstreams.iter().enumerate() {
             let endpoints = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
             let Some(hc) = &cfg.health_check else {
@@ -58,7 +59,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             };
             for ep in endpoints {
                 let key = Arc::as_ptr(&ep.state) as usize;
-                seen.push(key);
+                seen.insert(key);
                 let t = tracks.entry(key).or_insert_with(|| Track {
                     state: ep.state.clone(),
                     last: None,
