@@ -1338,3 +1338,48 @@ fn before_the_upstream_states_its_stream_limit_at_most_100_streams_go_out() {
         "{early} streams before SETTINGS"
     );
 }
+
+#[test]
+fn streams_queued_behind_the_upstream_limit_are_bounded() {
+    // The origin takes one stream at a time and holds each for 1.5 s. With one connection,
+    // one stream runs, one more may queue on it (as many as the limit), and a third waits as
+    // for a connection at the cap: 503 after connect_timeout, nothing held in h2's queue.
+    let origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::Builder::new()
+            .max_concurrent_streams(1)
+            .handshake::<_, Bytes>(tcp)
+            .await
+        else {
+            return;
+        };
+        while let Some(Ok((_, mut respond))) = conn.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let resp = http::Response::builder().status(200).body(()).unwrap();
+                let _ = respond.send_response(resp, true);
+            });
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "connect_timeout = \"500ms\"");
+    let started = Instant::now();
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            let addr = proxy.addr;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100 * i));
+                let mut c = Client::connect(addr);
+                let r = c.get("/hold");
+                (r.status, r.error_code(), started.elapsed())
+            })
+        })
+        .collect();
+    let results: Vec<_> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(results[0].0, 200, "{results:?}");
+    assert_eq!(results[1].0, 200, "queued, then served: {results:?}");
+    assert_eq!(
+        (results[2].0, results[2].1.as_deref()),
+        (503, Some("upstream_saturated")),
+        "{results:?}"
+    );
+    assert!(results[2].2 < Duration::from_millis(1400), "{results:?}");
+}

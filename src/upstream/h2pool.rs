@@ -250,6 +250,14 @@ fn refuses_streams(send: &SendRequest<Bytes>) -> bool {
     matches!(probe.poll_ready(&mut cx), std::task::Poll::Ready(Err(_)))
 }
 
+/// Whether a stream may still queue on `c` (h2 holds it until the peer's limit lets it
+/// open): at most as many as the limit itself. Beyond, the request waits as for an HTTP/1.1
+/// connection at the cap (`Busy`: within `max_pending` and `connect_timeout`), so the queue
+/// of a saturated upstream stays bounded.
+fn may_queue(c: &Conn) -> bool {
+    c.streams() < c.send.current_max_send_streams().saturating_mul(2)
+}
+
 /// One HTTP/2 connection.
 #[derive(Debug)]
 struct Conn {
@@ -342,8 +350,9 @@ impl H2Pool {
     /// A handle to send one request on, and its stream slot: the least loaded connection
     /// with room under the peer's stream limit, else a new one (up to `max_conns`, those
     /// being opened included), else the least loaded anyway (h2 queues the stream until one
-    /// is free). `Busy` when there is none yet and no other may be opened (the caller waits
-    /// and asks again, as for an HTTP/1.1 connection).
+    /// is free; see [`may_queue`]). `Busy` when there is none yet and no other may be opened,
+    /// or the queues are full (the caller waits and asks again, as for an HTTP/1.1
+    /// connection).
     pub async fn stream(
         &self,
         addr: std::net::SocketAddr,
@@ -389,6 +398,9 @@ impl H2Pool {
                 if conns.len() < before {
                     continue;
                 }
+                if !may_queue(&conns[i]) {
+                    return Err(ConnectError::Busy);
+                }
             }
             break Some(conns[i].take_stream());
         };
@@ -403,8 +415,8 @@ impl H2Pool {
                 .iter()
                 .filter(|c| !c.closed() && !refuses_streams(&c.send));
             return match open.min_by_key(|c| c.streams()) {
-                Some(c) => Ok(c.take_stream()),
-                None => Err(ConnectError::Busy),
+                Some(c) if may_queue(c) => Ok(c.take_stream()),
+                _ => Err(ConnectError::Busy),
             };
         }
         let _connecting = Connecting::new(&self.connecting);
