@@ -893,3 +893,53 @@ fn an_h2_client_expecting_100_continue_gets_it_before_sending_its_body() {
         }
     });
 }
+
+/// The frames of stream 1 of one raw h2c GET (`:authority: a.example`), through the one
+/// that ends it: (type, flags, payload length).
+fn raw_h2c_frames(addr: SocketAddr, path: &[u8]) -> Vec<(u8, u8, usize)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x01, 9]);
+    block.extend_from_slice(b"a.example");
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    s.write_all(&out).unwrap();
+    let mut all = Vec::new();
+    let mut frames = Vec::new();
+    let mut at = 0;
+    let mut buf = [0u8; 4096];
+    loop {
+        while at + 9 <= all.len() {
+            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
+            if at + 9 + len > all.len() {
+                break;
+            }
+            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
+            let (kind, flags) = (all[at + 3], all[at + 4]);
+            at += 9 + len;
+            if stream == 1 {
+                frames.push((kind, flags, len));
+                if flags & 0x1 != 0 || kind == 0x3 {
+                    return frames;
+                }
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => panic!("stream 1 did not end: {frames:?}"),
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn a_small_response_is_one_headers_and_one_data_frame() {
+    let origin = Origin::ok("hello");
+    let proxy = Proxy::to(origin.addr, "");
+    let frames = raw_h2c_frames(proxy.addr, b"/x");
+    // HEADERS (END_HEADERS), then DATA with the 5 bytes and END_STREAM: no empty DATA after.
+    assert_eq!(frames, vec![(0x1, 0x4, frames[0].2), (0x0, 0x1, 5)]);
+}

@@ -511,7 +511,13 @@ async fn relay_response(
             },
             _ => buf.split().freeze(),
         };
-        if !data.is_empty() && !send_data(&mut send, data, send_timeout).await {
+        // The last bytes of a Content-Length body end the stream in their own DATA frame
+        // (not in an empty one after them: one frame less per response).
+        let last = matches!(rh.framing, BodyFraming::Length(_)) && remaining == 0;
+        if !data.is_empty() && !send_data(&mut send, data, last, send_timeout).await {
+            return;
+        }
+        if last {
             return;
         }
         let done = match rh.framing {
@@ -762,8 +768,12 @@ pub async fn send_windowed(
             continue;
         }
         let piece = data.split_to(cap.min(data.len()));
-        send.send_data(piece, false)
+        // The last piece carries END_STREAM itself (no empty DATA frame after it).
+        send.send_data(piece, end && data.is_empty())
             .map_err(|e| SendFail::Closed(Some(e)))?;
+        if data.is_empty() {
+            return Ok(());
+        }
     }
     if end {
         send.send_data(Bytes::new(), true)
@@ -774,8 +784,13 @@ pub async fn send_windowed(
 
 /// Sends response `data` to the client; false when the stream is gone, or reset because the
 /// client granted no window (or read nothing) for `stall`.
-async fn send_data(send: &mut h2::SendStream<Bytes>, data: Bytes, stall: Duration) -> bool {
-    match send_windowed(send, data, false, stall).await {
+async fn send_data(
+    send: &mut h2::SendStream<Bytes>,
+    data: Bytes,
+    end_of_stream: bool,
+    stall: Duration,
+) -> bool {
+    match send_windowed(send, data, end_of_stream, stall).await {
         Ok(()) => true,
         Err(SendFail::Closed(_)) => false,
         Err(SendFail::Stalled) => {
