@@ -76,7 +76,16 @@ unsafe impl std::alloc::GlobalAlloc for Allocator {
 }
 
 fn main() -> ExitCode {
-    let command = match cli::parse(std::env::args().skip(1)) {
+    // (`args()` would panic on an argument that is not UTF-8.)
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(std::ffi::OsString::into_string)
+        .collect();
+    let Ok(args) = args else {
+        eprintln!("ringway: arguments must be UTF-8\n\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let command = match cli::parse(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ringway: {e}\n\n{USAGE}");
@@ -110,9 +119,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config } => match config::load(&config) {
-            Ok(gen) => run(gen),
-            Err(e) => {
+        Command::Run { config } => match (signals(), config::load(&config)) {
+            (Err(code), _) => code,
+            (Ok(signals), Ok(gen)) => run(gen, signals),
+            (Ok(_), Err(e)) => {
                 eprintln!("{e}");
                 ExitCode::FAILURE
             }
@@ -121,9 +131,10 @@ fn main() -> ExitCode {
             listen,
             upstreams,
             workers,
-        } => match config::quick_proxy(&listen, &upstreams, workers) {
-            Ok(gen) => run(gen),
-            Err(e) => {
+        } => match (signals(), config::quick_proxy(&listen, &upstreams, workers)) {
+            (Err(code), _) => code,
+            (Ok(signals), Ok(gen)) => run(gen, signals),
+            (Ok(_), Err(e)) => {
                 eprintln!("{e}");
                 ExitCode::FAILURE
             }
@@ -131,7 +142,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(gen: Generation) -> ExitCode {
+/// SIGTERM, SIGINT and SIGHUP, taken from the start: one arriving while the config loads
+/// (start-up may resolve names for seconds) waits for the signal thread rather than killing
+/// the process (a logrotate SIGHUP, say).
+fn signals() -> Result<signal_hook::iterator::Signals, ExitCode> {
+    signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| {
+        eprintln!("ringway: cannot install signal handlers: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode {
     observe::log::init(&gen.log_level);
     let source = gen.source.clone();
     let server = match Server::start(gen) {
@@ -142,19 +168,6 @@ fn run(gen: Generation) -> ExitCode {
         }
     };
     tracing::info!(config = %source, "serving; SIGHUP reloads, SIGTERM or SIGINT drains and stops");
-    let mut signals = match signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ]) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("ringway: cannot install signal handlers: {e}");
-            server.shutdown();
-            server.join();
-            return ExitCode::FAILURE;
-        }
-    };
     let handle = server.shutdown_handle();
     let reload = server.reload_handle();
     let spawned = std::thread::Builder::new()

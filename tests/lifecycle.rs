@@ -69,6 +69,15 @@ fn version_and_help() {
     let out = Command::new(BIN).arg("--nope").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+    // An argument that is not UTF-8 is a usage error, not a panic.
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(std::ffi::OsStr::from_bytes(b"\xff.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UTF-8"));
 }
 
 #[test]
