@@ -271,3 +271,28 @@ fn a_101_that_names_no_protocol_opens_no_tunnel() {
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.error_code().as_deref(), Some("upstream_invalid_response"));
 }
+
+#[test]
+fn a_shutdown_closes_open_tunnels_at_once() {
+    // A tunnel has no natural end the drain could wait for: the worker closes it when it
+    // begins to shut down, instead of holding the exit for the whole shutdown timeout.
+    let (origin, _) = raw_tunnel_origin();
+    let mut proxy = Proxy::to(origin, "shutdown_timeout = \"20s\"\n");
+    let mut c = TcpStream::connect(proxy.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: x-echo\r\nConnection: upgrade\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"hello") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    let started = Instant::now();
+    proxy.stop();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+}

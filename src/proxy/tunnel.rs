@@ -9,7 +9,9 @@
 //! side slows the other (no buffering beyond one block per direction). End of stream on one
 //! side half-closes the other side's write and the opposite direction goes on (a WebSocket
 //! close handshake, a server still sending); an error, or no byte either way for
-//! `tunnel_idle_timeout`, ends both. The HTTP timeouts do not apply any more.
+//! `tunnel_idle_timeout`, ends both. The HTTP timeouts do not apply any more. A worker that
+//! begins to shut down closes its tunnels at once: a session has no natural end the drain
+//! could wait for (its clients reconnect, to another instance).
 
 use std::cell::Cell;
 use std::io;
@@ -76,13 +78,23 @@ pub async fn run(
         idle,
         Way::ToClient
     ));
-    let rest = match race(up.as_mut(), down.as_mut()).await {
-        Either::Left(Ok(())) => down.await,
-        Either::Right(Ok(())) => up.await,
-        Either::Left(Err(e)) | Either::Right(Err(e)) => Err(e),
+    let both = async {
+        match race(up.as_mut(), down.as_mut()).await {
+            Either::Left(Ok(())) => down.await,
+            Either::Right(Ok(())) => up.await,
+            Either::Left(Err(e)) | Either::Right(Err(e)) => Err(e),
+        }
     };
-    if let Err(e) = rest {
-        tracing::debug!(error = %e, "tunnel closed");
+    if w.draining() {
+        return;
+    }
+    let both = std::pin::pin!(both);
+    let shutdown = std::pin::pin!(w.shutdown.wait());
+    let ended = race(both, shutdown).await;
+    match ended {
+        Either::Left(Err(e)) => tracing::debug!(error = %e, "tunnel closed"),
+        Either::Left(Ok(())) => {}
+        Either::Right(()) => tracing::debug!("tunnel closed: shutting down"),
     }
 }
 
