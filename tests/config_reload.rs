@@ -568,3 +568,27 @@ fn a_reload_that_shortens_the_health_check_interval_applies_at_once() {
     }
     assert_eq!(healthy(), Some(0.0), "the endpoint went down and was seen");
 }
+
+#[test]
+fn reserved_paths_can_be_left_to_the_routes_and_the_admin_listener_serves_them() {
+    let dir = Dir::new("reserved-off");
+    let text = BASE.replace("[admin]", "[http]\nreserved_paths = false\n[admin]")
+        + &respond_route("/", "routed");
+    let (server, addr) = start(&dir, &text);
+    // On the listener, /metrics and /healthz are ordinary paths (a public listener shows no
+    // metrics, and an application's own /metrics can be proxied).
+    for path in ["/metrics", "/healthz"] {
+        let mut c = Client::connect(addr);
+        let r = c.get(path);
+        assert_eq!((r.status, r.text().as_str()), (200, "routed"), "{path}");
+    }
+    // The admin listener serves them.
+    let admin = server.admin_addr().unwrap();
+    let (status, body) = support::admin(admin, "GET", "/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("ringway_info{"), "{body}");
+    assert_eq!(support::admin(admin, "GET", "/healthz").0, 200);
+    assert_eq!(support::admin(admin, "GET", "/readyz").0, 200);
+    server.shutdown();
+    server.join();
+}

@@ -176,6 +176,9 @@ pub struct HttpConfig {
     /// for a close, again as often, and a client gone cancels the upstream request. `None`
     /// (`"off"`): not checked; the upstream request runs to its end or timeout.
     pub client_close_check: Option<Duration>,
+    /// `/healthz`, `/readyz` and `/metrics` are answered on the listeners before routing
+    /// (off: they are routed like any path; the admin listener serves them either way).
+    pub reserved_paths: bool,
 }
 
 impl Default for HttpConfig {
@@ -191,6 +194,7 @@ impl Default for HttpConfig {
             tunnel_idle_timeout: Duration::from_secs(300),
             buffer_pool_bytes: 16 * 1024 * 1024,
             client_close_check: Some(Duration::from_secs(1)),
+            reserved_paths: true,
         }
     }
 }

@@ -528,6 +528,7 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
             Some(_) => Some(ctx.duration(&h.client_close_check, Duration::ZERO)?),
             None => d.client_close_check,
         },
+        reserved_paths: h.reserved_paths.unwrap_or(d.reserved_paths),
     })
 }
 

@@ -130,6 +130,24 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
             "{\"error\":{\"code\":\"method_not_allowed\",\"message\":\"use POST\"}}",
         ),
         (Method::Get, b"/-/upstreams") => reply(&mut stream, 200, &upstreams_json(shared)),
+        // The listeners' reserved paths, here too (for `http.reserved_paths = false`).
+        (Method::Get, b"/metrics") => {
+            let text = crate::observe::metrics::render_all(
+                shared,
+                shared.millis(std::time::Instant::now()),
+            );
+            reply_typed(
+                &mut stream,
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                &text,
+            );
+        }
+        (Method::Get, b"/healthz") => reply(&mut stream, 200, "{\"status\":\"ok\"}"),
+        (Method::Get, b"/readyz") if shared.is_draining() => {
+            reply(&mut stream, 503, "{\"status\":\"draining\"}")
+        }
+        (Method::Get, b"/readyz") => reply(&mut stream, 200, "{\"status\":\"ready\"}"),
         (_, b"/-/upstreams") => reply(
             &mut stream,
             405,
@@ -260,8 +278,12 @@ fn drain_request(shared: &Shared, method: Method, rest: &[u8]) -> (u16, String) 
 }
 
 fn reply(stream: &mut TcpStream, status: u16, body: &str) {
+    reply_typed(stream, status, "application/json", body);
+}
+
+fn reply_typed(stream: &mut TcpStream, status: u16, content_type: &str, body: &str) {
     let text = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         crate::http1::reason_phrase(status),
         body.len()
     );

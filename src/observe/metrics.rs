@@ -93,6 +93,36 @@ fn sum(shards: &[CachePadded<WorkerMetrics>], f: impl Fn(&WorkerMetrics) -> &Ato
         .fold(0u64, u64::wrapping_add)
 }
 
+/// The whole `/metrics` text (on the listeners and on the admin listener), at `now_ms` (the
+/// shared clock's milliseconds).
+pub fn render_all(shared: &crate::shared::Shared, now_ms: u64) -> String {
+    use std::sync::atomic::Ordering;
+    let mut text = String::with_capacity(4096);
+    let published = shared.published.load();
+    let endpoints = published.endpoints.iter().map(Vec::len).sum();
+    render(
+        &shared.metrics,
+        Info {
+            version: env!("CARGO_PKG_VERSION"),
+            driver: shared.driver.name(),
+            workers: shared.metrics.len(),
+            endpoints,
+            generation: shared.generation(),
+            reloads_ok: shared.reloads_ok.load(Ordering::Relaxed),
+            reloads_failed: shared.reloads_failed.load(Ordering::Relaxed),
+        },
+        &mut text,
+    );
+    render_upstreams(
+        &shared.metrics,
+        &published,
+        shared.admission.in_flight(),
+        now_ms,
+        &mut text,
+    );
+    text
+}
+
 /// Renders every metric in the Prometheus text exposition format.
 pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut String) {
     let _ = writeln!(out, "# HELP ringway_info Build and runtime information.");

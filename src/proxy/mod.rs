@@ -490,7 +490,7 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
     };
     let head_len = head.len;
 
-    if let Some(endpoint) = reserved::match_path(path) {
+    if let Some(endpoint) = reserved::match_path(path).filter(|_| cg.gen.http.reserved_paths) {
         return reserved::answer(w, cg, conn, endpoint, &info, head_len).await;
     }
     if conn.strict_sni && misdirected(conn.stream.sni(), head.host.get(src)) {

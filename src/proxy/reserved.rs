@@ -4,7 +4,7 @@
 
 use super::{answer_local, respond, Answer, ClientConn, ReqInfo};
 use crate::error::ErrorKind;
-use crate::observe::metrics::{render, render_upstreams, Info};
+use crate::observe::metrics::render_all;
 use crate::worker::{CoreGen, Worker};
 
 /// A reserved endpoint.
@@ -66,31 +66,7 @@ pub(super) async fn answer(
             answer_local(w, cg, conn, info, head_len, Answer::Local(resp)).await
         }
         Reserved::Metrics => {
-            let mut text = String::with_capacity(4096);
-            let endpoints = cg.upstreams.iter().map(|u| u.endpoint_count()).sum();
-            let shared = &w.shared;
-            render(
-                &w.shared.metrics,
-                Info {
-                    version: env!("CARGO_PKG_VERSION"),
-                    driver: w.shared.driver.name(),
-                    workers: shared.metrics.len(),
-                    endpoints,
-                    generation: shared.generation(),
-                    reloads_ok: shared.reloads_ok.load(std::sync::atomic::Ordering::Relaxed),
-                    reloads_failed: shared
-                        .reloads_failed
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                },
-                &mut text,
-            );
-            render_upstreams(
-                &shared.metrics,
-                &shared.published.load(),
-                shared.admission.in_flight(),
-                w.now_ms(),
-                &mut text,
-            );
+            let text = render_all(&w.shared, w.now_ms());
             let resp = respond::Local {
                 status: 200,
                 content_type: Some(b"text/plain; version=0.0.4; charset=utf-8"),
