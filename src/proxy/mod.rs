@@ -332,12 +332,14 @@ enum HeadRead {
 /// shutdown), then get `header_timeout` for the rest. A first request is read even while
 /// draining: its connection came from the accept queue and is answered (with `close`), not reset.
 async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
-    let cg = w.current();
-    let http = &cg.gen.http;
-    let mut head_deadline = first.then(|| conn.accepted + http.header_timeout);
+    let mut head_deadline = first.then(|| conn.accepted + w.gen().http.header_timeout);
     // Leading bytes of the buffered data already known not to end a head.
     let mut scanned = 0;
     loop {
+        // The generation in force, looked at again after each wait: an idle connection does
+        // not keep an old one alive (nor its timeouts) after a reload.
+        let cg = w.current();
+        let http = &cg.gen.http;
         let Some(mut rbuf) = conn.rbuf.take() else {
             return HeadRead::Closed;
         };
@@ -385,6 +387,8 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
             }
         }
         let partial = !rbuf.is_empty();
+        let idle_timeout = http.idle_timeout;
+        drop(cg);
         let (res, buf) = match head_deadline {
             Some(deadline) => read_by(&mut conn.stream, rbuf, deadline, &w.pool).await,
             None => {
@@ -392,7 +396,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                 if w.draining() {
                     return HeadRead::Closed;
                 }
-                let deadline = w.now() + http.idle_timeout;
+                let deadline = w.now() + idle_timeout;
                 match or_event(
                     &w.shutdown,
                     read_by(&mut conn.stream, rbuf, deadline, &w.pool),
