@@ -296,3 +296,21 @@ fn a_shutdown_closes_open_tunnels_at_once() {
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
 }
+
+#[test]
+fn a_101_to_a_protocol_the_client_did_not_offer_opens_no_tunnel() {
+    // The client asks for websocket; the upstream switches to something else.
+    let origin = raw_origin(|mut s| {
+        let _ = read_head_raw(&mut s);
+        let _ = s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x-other\r\nConnection: Upgrade\r\n\r\n",
+        );
+        let mut buf = [0u8; 64];
+        let _ = s.read(&mut buf);
+    });
+    let proxy = Proxy::to(origin, "");
+    let mut c = proxy.connect();
+    c.send(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+    let r = c.read_response(false).expect("an answer");
+    assert_eq!(r.status, 502, "{}", r.text());
+}

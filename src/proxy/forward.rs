@@ -1592,12 +1592,15 @@ async fn relay_response(
     let (body_read, body_sent) = (bstate.done, bstate.sent);
     let resp = &conn.resp;
     if resp.status == 101 {
-        // A 101 names the protocol switched to (RFC 9110 §7.8): one without it is no switch
-        // (a backend reflecting a status, say), and a tunnel opened on it would carry the
-        // client's next requests past routing.
-        let names_protocol = crate::http1::head::upgrade_protocols(&resp.headers, ubuf.data())
-            .next()
-            .is_some();
+        // A 101 names the protocols switched to, among those the request offered (RFC 9110
+        // §7.8): one naming none is no switch (a backend reflecting a status, say), and a
+        // tunnel opened on it, or on one the client did not ask for, would carry the
+        // client's next bytes past routing as something it never agreed to.
+        let names_protocol = {
+            let mut named = crate::http1::head::upgrade_protocols(&resp.headers, ubuf.data());
+            named.next().is_some_and(|p| conn.offered.contains(p))
+                && named.all(|p| conn.offered.contains(p))
+        };
         if conn.head.upgrade && body_sent && names_protocol {
             return switch_protocols(w, cg, conn, info, ubuf).await;
         }

@@ -70,6 +70,8 @@ pub struct ClientConn {
     head_pending: bool,
     /// The client pipelined: a request of it was read while another was still unanswered.
     pipelined: bool,
+    /// The protocols the current request offers to upgrade to (see [`Offered`]).
+    offered: Offered,
     /// A response was cut short: the connection is reset on close, never lingered.
     aborted: bool,
     /// A 101 went to the client: the connection continues as this tunnel.
@@ -99,6 +101,41 @@ impl ClientConn {
             }
             self.head_pending = false;
         }
+    }
+}
+
+/// The protocols an upgrade request offers (its `Upgrade` tokens, `h2c` aside), kept past
+/// its head as fingerprints: a 101 may only switch to protocols among them (RFC 9110 §7.8).
+/// The first [`Offered::MAX`] are kept; a 101 naming a later one is refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Offered {
+    hashes: [u64; Offered::MAX],
+    len: u8,
+}
+
+impl Offered {
+    const MAX: usize = 4;
+
+    fn hash(token: &[u8]) -> u64 {
+        token.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// The fingerprints of `tokens`.
+    pub(crate) fn of<'a>(tokens: impl Iterator<Item = &'a [u8]>) -> Self {
+        let mut o = Offered::default();
+        for t in tokens.take(Self::MAX) {
+            o.hashes[usize::from(o.len)] = Self::hash(t);
+            o.len += 1;
+        }
+        o
+    }
+
+    /// Whether `token` (case aside) was offered.
+    pub(crate) fn contains(&self, token: &[u8]) -> bool {
+        let h = Self::hash(token);
+        self.hashes[..usize::from(self.len)].contains(&h)
     }
 }
 
@@ -249,6 +286,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
         linger: false,
         head_pending: false,
         pipelined: false,
+        offered: Offered::default(),
         aborted: false,
         tunnel: None,
     };
@@ -478,6 +516,11 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
     } else {
         None
     };
+    let offered = if head.upgrade {
+        Offered::of(head.upgrade_protocols(src))
+    } else {
+        Offered::default()
+    };
     let info = ReqInfo {
         method: head.method,
         version: head.version,
@@ -594,7 +637,10 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
             };
             answer_local(w, cg, conn, &info, head_len, Answer::Local(resp)).await
         }
-        Action::Proxy(action) => forward::proxy(w, cg, conn, &info, route, action, m.params).await,
+        Action::Proxy(action) => {
+            conn.offered = offered;
+            forward::proxy(w, cg, conn, &info, route, action, m.params).await
+        }
     }
 }
 
