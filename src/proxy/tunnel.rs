@@ -52,14 +52,20 @@ pub async fn run(
     w: &Worker,
     client: ClientStream,
     from_client: Option<Block>,
-    mut t: Tunnel,
+    t: Tunnel,
     idle: Duration,
 ) {
     let Some((mut client_read, mut client_write)) = client.into_split() else {
         return;
     };
     let last = Cell::new(w.now());
-    let UpConn { read, write, .. } = &mut t.upstream;
+    // (`in_flight` is held to the end: the tunnel counts on its endpoint while it lasts.)
+    let Tunnel {
+        mut upstream,
+        pending,
+        in_flight: _in_flight,
+    } = t;
+    let UpConn { read, write, .. } = &mut upstream;
     let mut up = std::pin::pin!(pump(
         w,
         &mut client_read,
@@ -73,7 +79,7 @@ pub async fn run(
         w,
         read,
         &mut client_write,
-        Some(std::mem::replace(&mut t.pending, w.pool.take())),
+        Some(pending),
         &last,
         idle,
         Way::ToClient
@@ -116,6 +122,8 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
             let (res, b) = write_all_by(dst, buf, deadline, &w.body_pool).await;
             buf = b;
             res?;
+            // Bytes that reached a (slow) reader are activity too.
+            last.set(w.now());
             let m = w.metrics();
             add(
                 if way == Way::ToClient {
