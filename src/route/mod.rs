@@ -92,7 +92,10 @@ impl Redirect {
             return match &self.path {
                 Some(p) => put(p.as_bytes()),
                 None => {
-                    put(path)?;
+                    // A relative Location starting `//` would name another host (a
+                    // network-path reference, RFC 3986 §4.2): one slash only.
+                    let extra = path.iter().take_while(|&&b| b == b'/').count() - 1;
+                    put(&path[extra..])?;
                     put(query)
                 }
             };
@@ -661,6 +664,8 @@ mod tests {
             "http://a.example:8080/x?q"
         );
         assert_eq!(loc(&keep, b"", b"/x", b"?q"), "/x?q");
+        assert_eq!(loc(&keep, b"", b"//evil.example/x", b""), "/evil.example/x");
+        assert_eq!(loc(&keep, b"", b"///x", b"?q"), "/x?q");
         assert_eq!(loc(&keep, b"a.example", b"*", b""), "http://a.example/");
         let to = Redirect {
             host: Some("b.example".into()),
