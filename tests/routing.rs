@@ -221,3 +221,22 @@ fn rewrites_and_path_tricks_never_reach_another_path_upstream() {
     }
     assert_eq!(a.requests().len(), 4, "nothing refused reached the origin");
 }
+
+#[test]
+fn options_asterisk_is_never_routed_even_by_a_catch_all_regex() {
+    let origin = Origin::ok("routed");
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_regex = \".*\"\nproxy = \"a\"\n",
+        origin.addr
+    ));
+    let mut c = proxy.connect();
+    c.send(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.read_response(false).expect("an answer");
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (404, Some("no_route"))
+    );
+    assert_eq!(c.get("/any").text(), "routed", "the regex serves paths");
+    assert_eq!(origin.requests().len(), 1);
+}

@@ -561,7 +561,11 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         query: head.query.get(src),
         headers: &view,
     };
-    let found = {
+    // `OPTIONS *` (asterisk form) asks about the server, not a resource: no route serves it
+    // (a catch-all regex would otherwise match `*` and send it upstream as a path).
+    let found = if path == b"*" {
+        None
+    } else {
         let mut scratch = cg.scratch.borrow_mut();
         cg.gen.routes.lookup(&req, &mut scratch.route)
     };
