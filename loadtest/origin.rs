@@ -53,6 +53,7 @@ async fn serve(mut s: TcpStream, big: &'static [u8]) {
         max_head_bytes: 64 * 1024,
         max_headers: 100,
         max_request_line_bytes: 8192,
+        ..HeadLimits::default()
     };
     let mut head = RequestHead::default();
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);

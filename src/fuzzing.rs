@@ -15,6 +15,7 @@ pub fn request_head(data: &[u8]) {
         max_head_bytes: 4096,
         max_headers: 32,
         max_request_line_bytes: 1024,
+        ..HeadLimits::default()
     };
     let mut head = RequestHead::default();
     let result = parse_request(data, &limits, &mut head);

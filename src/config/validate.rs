@@ -509,6 +509,16 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
             max_head_bytes,
             max_headers,
             max_request_line_bytes,
+            encoded_slashes: match &h.encoded_slashes {
+                None => false,
+                Some(v) if v.get_ref() == "reject" => false,
+                Some(v) if v.get_ref() == "keep" => true,
+                Some(v) => {
+                    return Err(
+                        ctx.error(v.span(), "http.encoded_slashes is \"reject\" or \"keep\"")
+                    )
+                }
+            },
         },
         max_request_body_bytes,
         max_connections,
@@ -1588,6 +1598,20 @@ mod tests {
             let e = err(&tls(good));
             assert!(!e.to_string().contains("SNI"), "{good}: {e}");
         }
+    }
+
+    #[test]
+    fn encoded_slashes_are_refused_unless_kept() {
+        let g = compile(MIN, "t.toml").unwrap();
+        assert!(!g.http.limits.encoded_slashes);
+        let g = compile(
+            &format!("{MIN}[http]\nencoded_slashes = \"keep\"\n"),
+            "t.toml",
+        )
+        .unwrap();
+        assert!(g.http.limits.encoded_slashes);
+        let e = err(&format!("{MIN}[http]\nencoded_slashes = \"decode\"\n"));
+        assert!(e.to_string().contains("encoded_slashes"), "{e}");
     }
 
     #[test]

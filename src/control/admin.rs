@@ -72,6 +72,7 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         max_head_bytes: MAX_HEAD,
         max_headers: 64,
         max_request_line_bytes: 4096,
+        ..HeadLimits::default()
     };
     let parsed = loop {
         let Some(left) = deadline

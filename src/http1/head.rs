@@ -23,6 +23,8 @@ pub struct HeadLimits {
     pub max_headers: usize,
     /// Request line, without its line ending (414 beyond).
     pub max_request_line_bytes: usize,
+    /// `%2F` in a request path is allowed (routed as it is, not as a `/`); otherwise 400.
+    pub encoded_slashes: bool,
 }
 
 impl Default for HeadLimits {
@@ -31,6 +33,7 @@ impl Default for HeadLimits {
             max_head_bytes: 16 * 1024,
             max_headers: 100,
             max_request_line_bytes: 8 * 1024,
+            encoded_slashes: false,
         }
     }
 }
@@ -211,7 +214,7 @@ pub fn parse_request(
     if head.method == Method::Connect {
         return Err(ParseError::UnsupportedMethod);
     }
-    parse_target(buf, target, head)?;
+    parse_target(buf, target, head, limits.encoded_slashes)?;
 
     // Header fields: classify, record, and gather what framing and persistence depend on.
     let mut conn_tokens = [Span::default(); MAX_CONNECTION_TOKENS];
@@ -413,7 +416,12 @@ fn check_request_line(buf: &[u8], limits: &HeadLimits) -> Result<(), ParseError>
 }
 
 /// Splits the target into path and query, and takes the authority of an absolute-form target.
-fn parse_target(buf: &[u8], target: &[u8], head: &mut RequestHead) -> Result<(), ParseError> {
+fn parse_target(
+    buf: &[u8],
+    target: &[u8],
+    head: &mut RequestHead,
+    encoded_slashes: bool,
+) -> Result<(), ParseError> {
     if target.contains(&b'#') {
         return Err(ParseError::Malformed("fragment in request target"));
     }
@@ -451,7 +459,7 @@ fn parse_target(buf: &[u8], target: &[u8], head: &mut RequestHead) -> Result<(),
         .iter()
         .position(|&b| b == b'?')
         .unwrap_or(path_and_query.len());
-    check_path(&path_and_query[..q])?;
+    check_path(&path_and_query[..q], encoded_slashes)?;
     head.path = Span::of(buf, &path_and_query[..q]);
     head.query = Span::of(buf, &path_and_query[q..]);
     Ok(())
@@ -478,8 +486,11 @@ pub fn path_ambiguity(path: &[u8]) -> Option<&'static str> {
 /// see [`path_ambiguity`]; also percent-encoded unreserved characters (`/%61dmin` is `/admin`
 /// after RFC 3986 §6.2.2.2 normalization), an encoded backslash, and malformed
 /// percent-encodings. Browsers and HTTP libraries send none of these; a route that denies
-/// `/admin` cannot be walked around with them.
-fn check_path(path: &[u8]) -> Result<(), ParseError> {
+/// `/admin` cannot be walked around with them. Unless `encoded_slashes`, an encoded slash
+/// too: routing matches `/admin%2Fusers` as one segment, a backend that decodes it before
+/// its own routing sees `/admin/users` (some APIs put `%2F` in a segment on purpose: then
+/// allow it, and route accordingly).
+fn check_path(path: &[u8], encoded_slashes: bool) -> Result<(), ParseError> {
     if let Some(why) = path_ambiguity(path) {
         return Err(ParseError::Malformed(why));
     }
@@ -500,6 +511,9 @@ fn check_path(path: &[u8]) -> Result<(), ParseError> {
         }
         if c == b'\\' {
             return Err(ParseError::Malformed("percent-encoded backslash in path"));
+        }
+        if c == b'/' && !encoded_slashes {
+            return Err(ParseError::Malformed("percent-encoded slash in path"));
         }
         i = at + 3;
     }
@@ -887,6 +901,7 @@ mod tests {
             max_head_bytes: 64,
             max_headers: 2,
             max_request_line_bytes: 20,
+            ..HeadLimits::default()
         };
         let mut h = RequestHead::default();
         assert_eq!(
@@ -966,6 +981,8 @@ mod tests {
             b"/a%2",
             b"/a%zz",
             b"/a%",
+            b"/admin%2Fusers",
+            b"/public/..%2fadmin",
         ] {
             let req = [b"GET ", bad, b"?x=/../ HTTP/1.1\r\nHost: a\r\n\r\n"].concat();
             let r = parse(&req);
@@ -978,7 +995,6 @@ mod tests {
         }
         for good in [
             &b"/a..b/.c/d."[..],
-            b"/a%2Fb",
             b"/%20space",
             b"/caf%C3%A9",
             b"/...",
@@ -990,6 +1006,15 @@ mod tests {
         // The query is not a path: dot-segments there are data.
         let req = b"GET /x?a=/../b&c=%61 HTTP/1.1\r\nHost: a\r\n\r\n";
         check_split(req, Ok(Some(req.len())));
+        // Encoded slashes when allowed (`http.encoded_slashes = "keep"`).
+        let keep = HeadLimits {
+            encoded_slashes: true,
+            ..HeadLimits::default()
+        };
+        let req = b"GET /projects/group%2Fname HTTP/1.1\r\nHost: a\r\n\r\n";
+        let mut h = RequestHead::default();
+        assert_eq!(parse_request(req, &keep, &mut h), Ok(Some(req.len())));
+        assert_eq!(h.path.get(req), b"/projects/group%2Fname");
     }
 
     #[test]
