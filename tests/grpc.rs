@@ -616,32 +616,48 @@ fn origin_resetting(
     (addr, streams)
 }
 
+/// An h2c origin taking one stream at a time (MAX_CONCURRENT_STREAMS 1), each served by
+/// `serve` on a task of its own.
+fn one_stream_origin<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(http::Request<h2::RecvStream>, h2::server::SendResponse<Bytes>) -> Fut
+        + Clone
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio_server(move |tcp| {
+        let serve = serve.clone();
+        async move {
+            let Ok(mut conn) = h2::server::Builder::new()
+                .max_concurrent_streams(1)
+                .handshake::<_, Bytes>(tcp)
+                .await
+            else {
+                return;
+            };
+            while let Some(Ok((req, respond))) = conn.accept().await {
+                tokio::spawn(serve(req, respond));
+            }
+        }
+    })
+}
+
 #[test]
 fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
     // The origin takes one stream at a time; the first is held for 3 s (its head comes at
     // once, its body's end 3 s later).
-    let origin = tokio_server(|tcp| async move {
-        let Ok(mut conn) = h2::server::Builder::new()
-            .max_concurrent_streams(1)
-            .handshake::<_, Bytes>(tcp)
-            .await
-        else {
+    let origin = one_stream_origin(|req, mut respond| async move {
+        if req.uri().path() != "/hold" {
+            return serve_big_or_small(req, respond).await;
+        }
+        // The head at once, the end of the body 3 s later.
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let Ok(mut send) = respond.send_response(resp, false) else {
             return;
         };
-        while let Some(Ok((req, mut respond))) = conn.accept().await {
-            tokio::spawn(async move {
-                if req.uri().path() != "/hold" {
-                    return serve_big_or_small(req, respond).await;
-                }
-                // The head at once, the end of the body 3 s later.
-                let resp = http::Response::builder().status(200).body(()).unwrap();
-                let Ok(mut send) = respond.send_response(resp, false) else {
-                    return;
-                };
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                let _ = send.send_data(Bytes::from_static(b"held"), true);
-            });
-        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let _ = send.send_data(Bytes::from_static(b"held"), true);
     });
     let proxy = proxy_to_h2_with(origin, "response_timeout = \"1s\"");
     let mut a = Client::connect(proxy.addr);
@@ -1344,21 +1360,10 @@ fn streams_queued_behind_the_upstream_limit_are_bounded() {
     // The origin takes one stream at a time and holds each for 1.5 s. With one connection,
     // one stream runs, one more may queue on it (as many as the limit), and a third waits as
     // for a connection at the cap: 503 after connect_timeout, nothing held in h2's queue.
-    let origin = tokio_server(|tcp| async move {
-        let Ok(mut conn) = h2::server::Builder::new()
-            .max_concurrent_streams(1)
-            .handshake::<_, Bytes>(tcp)
-            .await
-        else {
-            return;
-        };
-        while let Some(Ok((_, mut respond))) = conn.accept().await {
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                let resp = http::Response::builder().status(200).body(()).unwrap();
-                let _ = respond.send_response(resp, true);
-            });
-        }
+    let origin = one_stream_origin(|_, mut respond| async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let _ = respond.send_response(resp, true);
     });
     let proxy = proxy_to_h2_with(origin, "connect_timeout = \"500ms\"");
     let started = Instant::now();

@@ -722,16 +722,14 @@ fn a_close_delimited_response_cut_short_is_reset_not_ended() {
     });
 }
 
-/// One raw h2c request (GET, http, the given `:path`, `:authority: a.example`); the
-/// response's outcome: `Ok(first HPACK byte of its HEADERS)` (the indexed `:status`), or
-/// `Err(RST_STREAM error code)`.
-fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
-    use std::io::{Read, Write};
+/// Connects, sends the h2c preface, empty SETTINGS and one GET on stream 1 (HEADERS with
+/// END_STREAM | END_HEADERS: GET, http, then literal fields with indexed names: `:path` and
+/// `:authority: a.example`); the stream, to read the answer from.
+fn raw_h2c_send_get(addr: SocketAddr, path: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
-    // HEADERS, stream 1, END_STREAM | END_HEADERS: GET, http, then literal fields (no
-    // indexing, indexed names) :path and :authority.
     let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
     block.extend_from_slice(path);
     block.extend_from_slice(&[0x01, 9]);
@@ -739,6 +737,15 @@ fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
     out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
     out.extend_from_slice(&block);
     s.write_all(&out).unwrap();
+    s
+}
+
+/// One raw h2c request (GET, http, the given `:path`, `:authority: a.example`); the
+/// response's outcome: `Ok(first HPACK byte of its HEADERS)` (the indexed `:status`), or
+/// `Err(RST_STREAM error code)`.
+fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
+    use std::io::Read;
+    let mut s = raw_h2c_send_get(addr, path);
     // Frames until a HEADERS or RST_STREAM on stream 1.
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
@@ -897,17 +904,8 @@ fn an_h2_client_expecting_100_continue_gets_it_before_sending_its_body() {
 /// The frames of stream 1 of one raw h2c GET (`:authority: a.example`), through the one
 /// that ends it: (type, flags, payload length).
 fn raw_h2c_frames(addr: SocketAddr, path: &[u8]) -> Vec<(u8, u8, usize)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
-    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
-    block.extend_from_slice(path);
-    block.extend_from_slice(&[0x01, 9]);
-    block.extend_from_slice(b"a.example");
-    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
-    out.extend_from_slice(&block);
-    s.write_all(&out).unwrap();
+    use std::io::Read;
+    let mut s = raw_h2c_send_get(addr, path);
     let mut all = Vec::new();
     let mut frames = Vec::new();
     let mut at = 0;
