@@ -498,48 +498,18 @@ fn proxy_to_h2_with(origin: SocketAddr, keys: &str) -> Proxy {
     ))
 }
 
-#[test]
-fn an_upstream_connection_silent_after_a_timeout_is_replaced() {
+/// The silent origin's first connection answers `/a`, then `timeout` times a request out on
+/// it; the PING that follows goes unanswered, so the connection is closed, and the next
+/// request goes to a new one.
+fn a_silent_connection_is_replaced_after(
+    keys: &str,
+    timeout: impl FnOnce(SocketAddr, &mut Client),
+) {
     let (origin, conns) = origin_going_silent();
-    let proxy = proxy_to_h2_with(
-        origin,
-        "response_timeout = \"1s\"\nconnect_timeout = \"500ms\"",
-    );
+    let proxy = proxy_to_h2_with(origin, keys);
     let mut c = Client::connect(proxy.addr);
     assert_eq!(c.get("/a").status, 200);
-    // The silent connection: the request times out, and the PING that follows goes
-    // unanswered, so the connection is closed...
-    assert_eq!(c.get("/b").status, 504);
-    std::thread::sleep(Duration::from_millis(800));
-    // ...and the next request goes to a new one.
-    let r = c.get("/c");
-    assert_eq!((r.status, r.text().as_str()), (200, "small"));
-    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
-}
-
-#[test]
-fn a_call_whose_own_deadline_passes_on_a_silent_connection_gets_it_replaced() {
-    // A gRPC call's deadline (shorter than the response timeout) passes on the silent
-    // connection: that is the client's doing, but the connection must still answer a PING,
-    // or calls with short deadlines would keep a dead one in the pool.
-    let (origin, conns) = origin_going_silent();
-    let proxy = proxy_to_h2_with(
-        origin,
-        "response_timeout = \"10s\"\nconnect_timeout = \"500ms\"",
-    );
-    let mut c = Client::connect(proxy.addr);
-    assert_eq!(c.get("/a").status, 200);
-    let (status, headers, ..) = rt().block_on(call(
-        proxy.addr,
-        "/echo.Svc/Unary",
-        &frame(b"x"),
-        Some("300m"),
-    ));
-    assert_eq!(status, 200);
-    assert_eq!(
-        headers["grpc-status"], "4",
-        "DEADLINE_EXCEEDED: {headers:?}"
-    );
+    timeout(proxy.addr, &mut c);
     std::thread::sleep(Duration::from_millis(800));
     c.stream
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -547,6 +517,33 @@ fn a_call_whose_own_deadline_passes_on_a_silent_connection_gets_it_replaced() {
     let r = c.get("/c");
     assert_eq!((r.status, r.text().as_str()), (200, "small"));
     assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[test]
+fn an_upstream_connection_silent_after_a_timeout_is_replaced() {
+    a_silent_connection_is_replaced_after(
+        "response_timeout = \"1s\"\nconnect_timeout = \"500ms\"",
+        |_, c| assert_eq!(c.get("/b").status, 504),
+    );
+}
+
+#[test]
+fn a_call_whose_own_deadline_passes_on_a_silent_connection_gets_it_replaced() {
+    // A gRPC call's deadline (shorter than the response timeout) passes on the silent
+    // connection: that is the client's doing, but the connection must still answer a PING,
+    // or calls with short deadlines would keep a dead one in the pool.
+    a_silent_connection_is_replaced_after(
+        "response_timeout = \"10s\"\nconnect_timeout = \"500ms\"",
+        |addr, _| {
+            let (status, headers, ..) =
+                rt().block_on(call(addr, "/echo.Svc/Unary", &frame(b"x"), Some("300m")));
+            assert_eq!(status, 200);
+            assert_eq!(
+                headers["grpc-status"], "4",
+                "DEADLINE_EXCEEDED: {headers:?}"
+            );
+        },
+    );
 }
 
 #[test]
