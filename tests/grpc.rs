@@ -104,6 +104,16 @@ async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::Send
     let _ = send.send_trailers(trailers);
 }
 
+/// An h2c client connection to `addr` (its driver on a task of its own).
+async fn h2c_client(addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
 fn proxy_to_h2(origin: SocketAddr) -> Proxy {
     Proxy::start(&format!(
         "workers = 1\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
@@ -126,11 +136,7 @@ async fn call(
     Duration,
     bool,
 ) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let client = h2c_client(addr).await;
     let mut req = http::Request::builder()
         .method("POST")
         .uri(format!("http://svc.test{path}"))
@@ -681,11 +687,7 @@ fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
 fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
     let proxy = proxy_to_h2(h2_origin());
     rt().block_on(async {
-        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let client = h2c_client(proxy.addr).await;
         // More metadata entries than `http.max_headers` (100), small enough for HTTP/2.
         let mut req = http::Request::builder()
             .method("POST")
@@ -718,11 +720,7 @@ fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
 fn a_refused_grpc_stream_gets_a_grpc_status_and_grpc_web_the_envelope() {
     let proxy = proxy_to_h2(closed_port());
     rt().block_on(async {
-        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let client = h2c_client(proxy.addr).await;
         let req = http::Request::builder()
             .method("CONNECT")
             .uri("svc.test:443")
@@ -770,14 +768,25 @@ fn the_free_resend_of_a_refused_stream_leaves_the_retry_policy_its_attempts() {
 
 /// An h2c origin answering "small" to everything.
 fn small_origin() -> SocketAddr {
-    tokio_server(|tcp| async move {
-        let Ok(mut conn) = h2::server::handshake(tcp).await else {
-            return;
-        };
-        while let Some(Ok((req, respond))) = conn.accept().await {
-            tokio::spawn(serve_big_or_small(req, respond));
+    counted_small_origin().0
+}
+
+/// [`small_origin`], and the count of connections it accepted.
+fn counted_small_origin() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    let addr = tokio_server(move |tcp| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            while let Some(Ok((req, respond))) = conn.accept().await {
+                tokio::spawn(serve_big_or_small(req, respond));
+            }
         }
-    })
+    });
+    (addr, conns)
 }
 
 #[test]
@@ -1213,39 +1222,32 @@ fn an_h2_upstream_that_sends_its_head_before_reading_gets_the_whole_body() {
     assert_eq!((resp.status, resp.text().as_str()), (200, "1048576"));
 }
 
+/// `n` client connections to `addr` that send `GET /x` together (after a barrier); their
+/// threads, each ending with its response.
+fn burst(addr: SocketAddr, n: usize) -> Vec<std::thread::JoinHandle<Response>> {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+    (0..n)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                barrier.wait();
+                c.get("/x")
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn a_burst_on_an_empty_pool_opens_at_most_h2_connections() {
     // Thirty requests at once on a worker with no upstream connection yet: connections
     // being opened count toward `h2_connections` (1 here), so the burst opens one, not one
     // each.
-    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = conns.clone();
-    let origin = tokio_server(move |tcp| {
-        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        async move {
-            let Ok(mut conn) = h2::server::handshake(tcp).await else {
-                return;
-            };
-            while let Some(Ok((req, respond))) = conn.accept().await {
-                tokio::spawn(serve_big_or_small(req, respond));
-            }
-        }
-    });
+    let (origin, conns) = counted_small_origin();
     let proxy = proxy_to_h2_with(origin, "");
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(30));
-    let clients: Vec<_> = (0..30)
-        .map(|_| {
-            let (addr, barrier) = (proxy.addr, barrier.clone());
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr);
-                barrier.wait();
-                let r = c.get("/x");
-                (r.status, r.text())
-            })
-        })
-        .collect();
-    for t in clients {
-        assert_eq!(t.join().unwrap(), (200, "small".to_string()));
+    for t in burst(proxy.addr, 30) {
+        let r = t.join().unwrap();
+        assert_eq!((r.status, r.text().as_str()), (200, "small"));
     }
     let opened = conns.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(opened, 1, "{opened} connections opened");
@@ -1331,20 +1333,10 @@ fn before_the_upstream_states_its_stream_limit_at_most_100_streams_go_out() {
         }
     });
     let proxy = proxy_to_h2_with(origin, "");
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(120));
-    let clients: Vec<_> = (0..120)
-        .map(|_| {
-            let (addr, barrier) = (proxy.addr, barrier.clone());
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr);
-                barrier.wait();
-                c.get("/x").status
-            })
-        })
-        .collect();
+    let clients = burst(proxy.addr, 120);
     let early = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     for t in clients {
-        assert_eq!(t.join().unwrap(), 200);
+        assert_eq!(t.join().unwrap().status, 200);
     }
     assert!(
         (1..=100).contains(&early),
