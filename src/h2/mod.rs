@@ -514,17 +514,14 @@ async fn relay_response(
         // The last bytes of a Content-Length body end the stream in their own DATA frame
         // (not in an empty one after them: one frame less per response).
         let last = matches!(rh.framing, BodyFraming::Length(_)) && remaining == 0;
-        if !data.is_empty() && !send_data(&mut send, data, last, send_timeout).await {
+        if (!data.is_empty() || last) && !send_data(&mut send, data, last, send_timeout).await {
             return;
         }
         if last {
             return;
         }
-        let done = match rh.framing {
-            BodyFraming::Length(_) => remaining == 0,
-            BodyFraming::Chunked => decoder.is_done(),
-            _ => false,
-        };
+        // (A Content-Length body ended above.)
+        let done = matches!(rh.framing, BodyFraming::Chunked) && decoder.is_done();
         if done {
             // Trailer fields of a chunked body become HTTP/2 trailers (gRPC's status).
             let sent = trailers(&trailer_bytes).is_some_and(|map| send.send_trailers(map).is_ok());

@@ -7,8 +7,9 @@
 //!
 //! Framing is relayed as received (after validation): a Content-Length body byte for byte, a
 //! chunked body chunk for chunk without its chunk extensions (to HTTP/1.0 clients with the
-//! framing removed, close-delimited), a close-delimited body until EOF. Nothing is collected: each block read is written before the
-//! next read, so a slow reader slows the sender (backpressure by construction).
+//! framing removed, close-delimited), a close-delimited body until EOF. Nothing is collected:
+//! each block read is written before the next read, so a slow reader slows the sender
+//! (backpressure by construction).
 //!
 //! Reuse: the upstream connection goes back to the pool only when the request body was sent
 //! completely, the response completed exactly with no stray bytes after it, and neither side

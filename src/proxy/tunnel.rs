@@ -55,6 +55,9 @@ pub async fn run(
     t: Tunnel,
     idle: Duration,
 ) {
+    if w.draining() {
+        return;
+    }
     let Some((mut client_read, mut client_write)) = client.into_split() else {
         return;
     };
@@ -91,9 +94,6 @@ pub async fn run(
             Either::Left(Err(e)) | Either::Right(Err(e)) => Err(e),
         }
     };
-    if w.draining() {
-        return;
-    }
     let both = std::pin::pin!(both);
     let shutdown = std::pin::pin!(w.shutdown.wait());
     let ended = race(both, shutdown).await;

@@ -399,11 +399,6 @@ impl UpstreamRt {
         *current = next;
     }
 
-    /// Number of endpoints.
-    pub fn endpoint_count(&self) -> usize {
-        self.endpoints.borrow().len()
-    }
-
     /// Idle pooled connections across endpoints.
     pub fn idle_count(&self) -> usize {
         self.endpoints

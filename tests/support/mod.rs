@@ -162,6 +162,19 @@ impl Client {
     }
 }
 
+/// `GET /` on `c` is answered 502 (an invalid upstream response) within 2 s: at once, not
+/// after a response timeout.
+pub fn assert_prompt_502(c: &mut Client) {
+    let started = Instant::now();
+    let r = c.get("/");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Through an upstream that states `content-length: 5` on every response (`/204` a 204, `/304`
 /// a 304, anything else a 200, all without a body): a 204 reaches the client without the
 /// length, a 304 and a response to HEAD with it.
