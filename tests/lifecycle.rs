@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -322,6 +323,44 @@ fn in_process_shutdown_drains_and_readyz_says_so() {
     assert!(
         std::net::TcpStream::connect(proxy.addr).is_err(),
         "listeners are closed after shutdown"
+    );
+}
+
+#[test]
+fn a_shutdown_takes_no_queued_connection_beyond_the_cap() {
+    let origin = Origin::start(|_| {
+        Reply::Delay(
+            Duration::from_millis(600),
+            Box::new(Reply::text(200, "done")),
+        )
+    });
+    let mut proxy = Proxy::to(origin.addr, "workers = 1\n[http]\nmax_connections = 1\n");
+    let mut busy = proxy.connect();
+    busy.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(wait_until(Duration::from_secs(5), || !origin
+        .requests()
+        .is_empty()));
+    // At the cap: this one waits in the kernel's queue.
+    let mut queued = std::net::TcpStream::connect(proxy.addr).unwrap();
+    queued
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    queued
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let server = proxy.server.take().unwrap();
+    server.shutdown();
+    // The busy connection is served; the queued one is not taken above the cap when the
+    // listener stops (it is reset with the socket, as at any cap).
+    let r = busy.read_response(false).unwrap();
+    assert_eq!(r.body, b"done");
+    server.join();
+    let mut got = Vec::new();
+    let _ = queued.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "served above the cap: {:?}",
+        String::from_utf8_lossy(&got)
     );
 }
 

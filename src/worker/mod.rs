@@ -143,9 +143,10 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
         }
     }
     // Connections the kernel already queued on this socket would be reset when it closes:
-    // take them and answer their first request (with `Connection: close` when draining).
+    // take them and answer their first request (with `Connection: close` when draining),
+    // as many as the connection cap leaves room for (the rest are reset, as at any cap).
     let drain_until = Instant::now() + BACKLOG_DRAIN_TOTAL;
-    while Instant::now() < drain_until {
+    while Instant::now() < drain_until && !w.at_capacity() {
         let canceller = monoio::io::Canceller::new();
         let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
         match monoio::time::timeout(BACKLOG_DRAIN_WAIT, accept.as_mut()).await {
