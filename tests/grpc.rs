@@ -315,6 +315,29 @@ fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
 }
 
 #[test]
+fn a_content_length_list_reaches_an_h2_upstream_as_one_value() {
+    // `5, 5` frames an HTTP/1.1 body; in HTTP/2 it is malformed, and an upstream resetting
+    // the stream for it would count against a healthy endpoint.
+    let proxy = proxy_to_h2(h2_origin());
+    for length in ["5, 5", "5\r\nContent-Length: 5"] {
+        let mut c = proxy.connect();
+        c.send(
+            format!("POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nhello")
+                .as_bytes(),
+        );
+        let r = c.read_response(false).unwrap();
+        assert_eq!(r.status, 200, "{length:?}: {}", r.text());
+        assert_eq!(r.text(), "plain POST 5");
+    }
+    let m = metrics(proxy.addr);
+    assert!(
+        m.iter()
+            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
+        "{m:?}"
+    );
+}
+
+#[test]
 fn expect_100_continue_is_answered_before_a_body_goes_to_an_h2_upstream() {
     let origin = h2_origin();
     let proxy = proxy_to_h2(origin);

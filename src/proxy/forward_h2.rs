@@ -105,7 +105,10 @@ fn build_request(
                 }
                 continue;
             }
+            // The length is stated again below from the parsed framing: a list of equal
+            // values (`5, 5`), valid for HTTP/1.1, is malformed in HTTP/2.
             HeaderKind::Host
+            | HeaderKind::ContentLength
             | HeaderKind::Expect
             | HeaderKind::XRealIp
             | HeaderKind::XRequestId
@@ -116,6 +119,9 @@ fn build_request(
             _ => {}
         }
         b = b.header(h.name.get(src), value);
+    }
+    if let BodyFraming::Length(n) = head.framing {
+        b = b.header(http::header::CONTENT_LENGTH, n);
     }
     if te_trailers {
         b = b.header("te", "trailers");
