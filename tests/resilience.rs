@@ -59,6 +59,47 @@ fn spread(p: &Proxy, n: usize, conns: usize, path: &str) -> HashMap<String, usiz
 }
 
 #[test]
+fn rotating_balancers_honour_weights_and_share_a_drained_endpoints_turn() {
+    for balancer in ["round_robin", "least_conn"] {
+        let origins = [Origin::ok("a"), Origin::ok("b"), Origin::ok("c")];
+        let eps: Vec<String> = origins
+            .iter()
+            .zip([2, 1, 1])
+            .map(|(o, w)| format!("{{ address = \"{}\", weight = {w} }}", o.addr))
+            .collect();
+        let p = proxy_over("workers = 1", &eps, &format!("balancer = \"{balancer}\""));
+        let counts = spread(&p, 400, 1, "/");
+        let share = |c: &HashMap<String, usize>, n: &str| c.get(n).copied().unwrap_or(0);
+        assert_eq!(
+            [
+                share(&counts, "a"),
+                share(&counts, "b"),
+                share(&counts, "c")
+            ],
+            [200, 100, 100],
+            "{balancer}"
+        );
+        // b drained: its turn goes to a and c by their weights, not all to its neighbour c.
+        let (status, body) = admin(
+            admin_addr(&p),
+            "POST",
+            &format!("/-/upstreams/up/endpoints/{}/drain", origins[1].addr),
+        );
+        assert_eq!(status, 200, "{body}");
+        let counts = spread(&p, 300, 1, "/");
+        assert_eq!(
+            [
+                share(&counts, "a"),
+                share(&counts, "b"),
+                share(&counts, "c")
+            ],
+            [200, 0, 100],
+            "{balancer}"
+        );
+    }
+}
+
+#[test]
 fn weighted_3_2_1_is_within_2_percent_over_6000_requests() {
     let origins = [Origin::ok("a"), Origin::ok("b"), Origin::ok("c")];
     let eps: Vec<String> = origins

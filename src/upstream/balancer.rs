@@ -1,9 +1,11 @@
 //! Endpoint selection, per upstream per worker: which eligible endpoint a request goes to.
 //!
 //! Ownership: one [`Balancer`] per upstream per worker (`Cell`s, no atomics): workers balance
-//! independently, as nginx workers do. Every algorithm takes an eligibility test; a hash
-//! algorithm whose endpoint is not eligible walks on deterministically to the next one, so a
-//! key moves only while its endpoint is out.
+//! independently, as nginx workers do. Every algorithm takes an eligibility test and every
+//! one honours weights. An endpoint that is out (drained, ejected, unhealthy, at its cap)
+//! leaves its share to all the others, not to its neighbour in the list: the rotations are
+//! smooth weighted round robin over what is eligible, and a hash key whose endpoint is out
+//! is hashed again (deterministically, so the key moves only while its endpoint is out).
 
 use std::cell::Cell;
 
@@ -16,6 +18,10 @@ pub const RING_POINTS: u32 = 160;
 /// one point). Every worker builds its own ring when the endpoints change: 16 Ki points are
 /// 256 KiB and about a millisecond of work, however many endpoints and however heavy.
 pub const MAX_RING_POINTS: u64 = 16 * 1024;
+
+/// Times a hash key whose endpoint is out is hashed again before walking the list (nginx's
+/// `ip_hash` tries 20 times too).
+pub const HASH_TRIES: u32 = 20;
 
 /// Peak-EWMA decay time for p2c latency estimates, in seconds.
 pub const EWMA_DECAY_SECS: f64 = 10.0;
@@ -37,13 +43,13 @@ pub trait Endpoints {
     }
     /// Whether endpoint `i` may take this request.
     fn eligible(&self, i: usize) -> bool;
-    /// Its weight (weighted round robin).
+    /// Its weight.
     fn weight(&self, i: usize) -> u32;
     /// Requests in flight on this worker.
     fn in_flight(&self, i: usize) -> u32;
     /// Peak-EWMA latency estimate in nanoseconds.
     fn latency_ns(&self, i: usize) -> f64;
-    /// Smooth-WRR current weight, read and written by the weighted balancer.
+    /// Smooth-WRR current weight, read and written by the rotating balancers.
     fn current_weight(&self, i: usize) -> &Cell<i64>;
 }
 
@@ -94,10 +100,12 @@ fn ring(keys: &[(String, u32)]) -> Vec<(u64, u32)> {
 #[derive(Debug)]
 pub struct Balancer {
     kind: BalancerConfig,
-    cursor: Cell<usize>,
     rng: Cell<u64>,
     /// Consistent-hash ring: (point, endpoint index), sorted by point.
     ring: Vec<(u64, u32)>,
+    /// Running sums of the weights, when they differ (empty when all are equal): where a
+    /// hash key or a random draw lands in proportion to weight.
+    cumulative: Vec<u64>,
 }
 
 impl Balancer {
@@ -108,11 +116,33 @@ impl Balancer {
             BalancerConfig::ConsistentHash(_) => ring(keys),
             _ => Vec::new(),
         };
+        let equal = keys.windows(2).all(|w| w[0].1.max(1) == w[1].1.max(1));
+        let cumulative = if equal {
+            Vec::new()
+        } else {
+            keys.iter()
+                .scan(0u64, |sum, (_, w)| {
+                    *sum += u64::from((*w).max(1));
+                    Some(*sum)
+                })
+                .collect()
+        };
         Balancer {
             kind: kind.clone(),
-            cursor: Cell::new(worker),
             rng: Cell::new(mix(0x9e37_79b9_7f4a_7c15 ^ worker as u64) | 1),
             ring,
+            cumulative,
+        }
+    }
+
+    /// The endpoint `x` lands on, in proportion to weight, among `n`.
+    fn place(&self, n: usize, x: u64) -> usize {
+        match self.cumulative.last() {
+            Some(&total) if self.cumulative.len() == n => {
+                let t = x % total;
+                self.cumulative.partition_point(|&c| c <= t)
+            }
+            _ => (x % n as u64) as usize,
         }
     }
 
@@ -152,30 +182,44 @@ impl Balancer {
         match (&self.kind, key) {
             (BalancerConfig::ConsistentHash(_), Some(k)) => self.pick_ring(eps, k),
             (BalancerConfig::IpHash | BalancerConfig::CookieHash(_), Some(k)) => {
-                let start = (k % n as u64) as usize;
-                (0..n).map(|d| (start + d) % n).find(|&i| eps.eligible(i))
+                self.pick_hash(eps, k)
             }
-            (BalancerConfig::Weighted, _) => self.pick_weighted(eps),
             (BalancerConfig::LeastConn, _) => self.pick_least(eps),
             (BalancerConfig::P2cEwma, _) => self.pick_p2c(eps),
-            _ => self.pick_round_robin(eps),
+            // Round robin is the weighted one (as nginx's): with equal weights it takes the
+            // endpoints in turn, and one out of turn leaves its share to all the others.
+            _ => self.smooth(eps, |i| eps.eligible(i)),
         }
     }
 
-    fn pick_round_robin<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+    /// The key's endpoint by weight; while that one is out, the key is hashed again (so it
+    /// lands on any other endpoint, not always on the next one in the list), and after
+    /// [`HASH_TRIES`] the list is walked from the last place tried.
+    fn pick_hash<E: Endpoints + ?Sized>(&self, eps: &E, key: u64) -> Option<usize> {
         let n = eps.len();
-        let start = self.cursor.get();
-        self.cursor.set(start.wrapping_add(1));
-        (0..n).map(|d| (start + d) % n).find(|&i| eps.eligible(i))
+        let mut k = key;
+        let mut i = self.place(n, k);
+        for _ in 0..HASH_TRIES {
+            if eps.eligible(i) {
+                return Some(i);
+            }
+            k = mix(k.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            i = self.place(n, k);
+        }
+        (0..n).map(|d| (i + d) % n).find(|&j| eps.eligible(j))
     }
 
-    /// nginx's smooth weighted round robin: every eligible endpoint gains its weight, the
-    /// largest is picked and loses the total.
-    fn pick_weighted<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
+    /// nginx's smooth weighted round robin over the endpoints `candidate` accepts: each gains
+    /// its weight, the largest is picked and loses the total.
+    fn smooth<E: Endpoints + ?Sized>(
+        &self,
+        eps: &E,
+        mut candidate: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
         let mut total = 0i64;
         let mut best: Option<usize> = None;
         for i in 0..eps.len() {
-            if !eps.eligible(i) {
+            if !candidate(i) {
                 continue;
             }
             let w = i64::from(eps.weight(i).max(1));
@@ -193,34 +237,51 @@ impl Balancer {
         best
     }
 
+    /// The fewest requests in flight per unit of weight; endpoints tied for it take turns by
+    /// weight (nginx's `least_conn`), so light traffic is shared rather than sent to the first.
     fn pick_least<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
-        let n = eps.len();
-        let start = self.cursor.get();
-        self.cursor.set(start.wrapping_add(1));
-        (0..n)
-            .map(|d| (start + d) % n)
-            .filter(|&i| eps.eligible(i))
-            .min_by_key(|&i| eps.in_flight(i))
+        let load = |i: usize| (u64::from(eps.in_flight(i)), u64::from(eps.weight(i).max(1)));
+        let mut best: Option<(u64, u64)> = None;
+        for i in 0..eps.len() {
+            if !eps.eligible(i) {
+                continue;
+            }
+            let (c, w) = load(i);
+            if best.is_none_or(|(bc, bw)| c * bw < bc * w) {
+                best = Some((c, w));
+            }
+        }
+        let (bc, bw) = best?;
+        self.smooth(eps, |i| {
+            eps.eligible(i) && {
+                let (c, w) = load(i);
+                c * bw == bc * w
+            }
+        })
     }
 
-    /// Power of two choices: two distinct eligible endpoints at random, the one with the lower
-    /// peak-EWMA latency times (in-flight + 1) wins.
+    /// Power of two choices: two distinct endpoints drawn in proportion to weight, the
+    /// eligible one with the lower peak-EWMA latency × (in-flight + 1) / weight wins; when
+    /// neither is eligible, the eligible ones take turns.
     fn pick_p2c<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
         let n = eps.len();
         if n == 1 {
             return eps.eligible(0).then_some(0);
         }
-        let a = (self.random() % n as u64) as usize;
-        let mut b = (self.random() % (n as u64 - 1)) as usize;
-        if b >= a {
-            b += 1;
+        let a = self.place(n, self.random());
+        let mut b = self.place(n, self.random());
+        if b == a {
+            b = (a + 1 + (self.random() % (n as u64 - 1)) as usize) % n;
         }
-        let cost = |i: usize| eps.latency_ns(i).max(1.0) * f64::from(eps.in_flight(i) + 1);
+        let cost = |i: usize| {
+            eps.latency_ns(i).max(1.0) * f64::from(eps.in_flight(i) + 1)
+                / f64::from(eps.weight(i).max(1))
+        };
         match (eps.eligible(a), eps.eligible(b)) {
             (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
             (true, false) => Some(a),
             (false, true) => Some(b),
-            (false, false) => self.pick_round_robin(eps),
+            (false, false) => self.smooth(eps, |i| eps.eligible(i)),
         }
     }
 
@@ -325,22 +386,86 @@ mod tests {
         assert!(!picks.contains(&0));
     }
 
+    fn counts(b: &Balancer, f: &Fake, picks: usize) -> Vec<usize> {
+        let mut c = vec![0; f.len()];
+        for _ in 0..picks {
+            c[b.pick(f, None).unwrap()] += 1;
+        }
+        c
+    }
+
     #[test]
-    fn round_robin_and_least_conn_skip_ineligible() {
+    fn round_robin_and_least_conn_share_an_out_endpoints_turn_evenly() {
         let mut f = Fake::new(3);
         f.eligible[1] = false;
         let rr = Balancer::new(&BalancerConfig::RoundRobin, 0, &keys(3));
         let picks: Vec<usize> = (0..4).map(|_| rr.pick(&f, None).unwrap()).collect();
-        assert_eq!(picks, vec![0, 2, 2, 0]);
-        f.in_flight = vec![5, 0, 2];
+        assert_eq!(picks, vec![0, 2, 0, 2]);
+        assert_eq!(counts(&rr, &f, 300), [150, 0, 150]);
+        // Ties (light traffic: nothing in flight) take turns too.
         let lc = Balancer::new(&BalancerConfig::LeastConn, 0, &keys(3));
+        assert_eq!(counts(&lc, &f, 300), [150, 0, 150]);
+        f.eligible[1] = true;
+        assert_eq!(counts(&lc, &f, 300), [100, 100, 100]);
+        f.in_flight = vec![5, 0, 2];
+        f.eligible[1] = false;
         assert_eq!(lc.pick(&f, None), Some(2));
         f.eligible = vec![false; 3];
         assert_eq!(lc.pick(&f, None), None);
+        assert_eq!(rr.pick(&f, None), None);
     }
 
     #[test]
-    fn hash_walks_to_the_next_eligible_deterministically() {
+    fn every_balancer_honours_weights() {
+        let mut f = Fake::new(2);
+        f.weights = vec![3, 1];
+        let w = vec![("a:1".to_string(), 3), ("b:1".to_string(), 1)];
+        let rr = Balancer::new(&BalancerConfig::RoundRobin, 0, &w);
+        assert_eq!(counts(&rr, &f, 400), [300, 100]);
+        let lc = Balancer::new(&BalancerConfig::LeastConn, 0, &w);
+        assert_eq!(counts(&lc, &f, 400), [300, 100]);
+        // In flight per unit of weight: 3 on weight 3 ties with 1 on weight 1.
+        f.in_flight = vec![3, 1];
+        assert_eq!(counts(&lc, &f, 400), [300, 100]);
+        f.in_flight = vec![4, 1];
+        assert_eq!(lc.pick(&f, None), Some(1));
+        f.in_flight = vec![0, 0];
+        // p2c: weight divides the cost, so equal latencies favour the heavier endpoint.
+        let p2c = Balancer::new(&BalancerConfig::P2cEwma, 0, &w);
+        f.in_flight = vec![2, 0];
+        assert_eq!(p2c.pick(&f, None), Some(0), "3 / 3 < 1 / 1");
+        f.in_flight = vec![3, 0];
+        assert_eq!(p2c.pick(&f, None), Some(1), "4 / 3 > 1 / 1");
+        // Hash keys land in proportion to weight.
+        let ip = Balancer::new(&BalancerConfig::IpHash, 0, &w);
+        let mut c = [0usize; 2];
+        for k in 0..10_000u32 {
+            c[ip.pick(&f, Some(hash_key(&k.to_le_bytes()))).unwrap()] += 1;
+        }
+        assert!((7_200..=7_800).contains(&c[0]), "{c:?}");
+    }
+
+    #[test]
+    fn p2c_draws_in_proportion_to_weight() {
+        // Three endpoints, weights 1 : 1 : 8; the draws decide where equal costs go.
+        let mut f = Fake::new(3);
+        f.weights = vec![1, 1, 8];
+        let w: Vec<(String, u32)> = (0..3)
+            .map(|i| (format!("10.0.0.{i}:80"), f.weights[i]))
+            .collect();
+        let b = Balancer::new(&BalancerConfig::P2cEwma, 0, &w);
+        // Cost ignores weight here (latency scaled to cancel it): only the draws matter.
+        f.latency = vec![1_000.0, 1_000.0, 8_000.0];
+        let c = counts(&b, &f, 10_000);
+        // Endpoint 2 is drawn first about 8/10 of the time, and wins ties as the first draw.
+        assert!(c[2] > 7_000, "{c:?}");
+        // Neither sample eligible: the eligible ones take turns.
+        f.eligible = vec![true, false, false];
+        assert_eq!(counts(&b, &f, 50), [50, 0, 0]);
+    }
+
+    #[test]
+    fn a_hash_key_whose_endpoint_is_out_is_hashed_again_deterministically() {
         let mut f = Fake::new(4);
         let b = Balancer::new(&BalancerConfig::IpHash, 0, &keys(4));
         let k = hash_key(b"203.0.113.9");
@@ -348,8 +473,28 @@ mod tests {
         assert_eq!(b.pick(&f, Some(k)), Some(home), "sticky");
         f.eligible[home] = false;
         let next = b.pick(&f, Some(k)).unwrap();
-        assert_eq!(next, (home + 1) % 4);
-        assert_eq!(b.pick(&f, Some(k)), Some(next));
+        assert_ne!(next, home);
+        assert_eq!(b.pick(&f, Some(k)), Some(next), "sticky while out");
+        // The out endpoint's keys spread over all the others, not onto its neighbour.
+        f.eligible = vec![true, false, true, true];
+        let mut moved = [0usize; 4];
+        let all = Fake::new(4);
+        for key in 0..12_000u32 {
+            let k = hash_key(&key.to_le_bytes());
+            let before = b.pick(&all, Some(k)).unwrap();
+            let after = b.pick(&f, Some(k)).unwrap();
+            if before == 1 {
+                moved[after] += 1;
+            } else {
+                assert_eq!(after, before, "only the out endpoint's keys move");
+            }
+        }
+        for i in [0, 2, 3] {
+            assert!(moved[i] > 700, "{moved:?}");
+        }
+        // Everything out but one: found by the walk after the rehashes.
+        f.eligible = vec![false, false, false, true];
+        assert_eq!(b.pick(&f, Some(k)), Some(3));
     }
 
     #[test]
