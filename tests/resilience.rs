@@ -100,6 +100,29 @@ fn rotating_balancers_honour_weights_and_share_a_drained_endpoints_turn() {
 }
 
 #[test]
+fn a_slow_upload_does_not_make_its_endpoint_look_slow() {
+    let (a, b) = (Origin::ok("a"), Origin::ok("b"));
+    // The default balancer (p2c_ewma): the lower latency estimate wins.
+    let p = proxy_over("workers = 1", &quoted(&[a.addr, b.addr]), "");
+    let mut c = p.connect();
+    c.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n");
+    // A body trickling up for a second: the client's pace, not the endpoint's.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        c.send(b"x");
+    }
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    let uploaded_to = r.text();
+    let counts = spread(&p, 100, 1, "/");
+    let got = counts.get(&uploaded_to).copied().unwrap_or(0);
+    assert!(
+        got >= 10,
+        "{uploaded_to} took {got} of 100 after the upload: {counts:?}"
+    );
+}
+
+#[test]
 fn weighted_3_2_1_is_within_2_percent_over_6000_requests() {
     let origins = [Origin::ok("a"), Origin::ok("b"), Origin::ok("c")];
     let eps: Vec<String> = origins

@@ -91,6 +91,9 @@ struct BodyState {
     /// All of it reached the upstream that answered (an upstream may answer before it has
     /// a buffered body whole: its connection is not reused, the client's may be).
     sent: bool,
+    /// When the last of a streamed body went up: an endpoint's latency is counted from
+    /// there, not from the start of a slow client's upload.
+    sent_at: Option<Instant>,
 }
 
 /// A proxied request's slot of the gateway cap, returned when dropped (on every path).
@@ -550,6 +553,7 @@ pub(super) async fn proxy(
         touched: false,
         done: !matches!(body, BodyPlan::Streamed),
         sent: false,
+        sent_at: None,
     };
 
     let mut tried = Tried::default();
@@ -594,7 +598,6 @@ pub(super) async fn proxy(
             .allowed(class, status, replayable, &mut retry_slot)
         };
 
-        let started = Instant::now();
         let replayable = resendable(info, &body);
         let (inflight, upc) = match acquire(w, up, key, replayable, &mut tried).await {
             Ok(x) => x,
@@ -624,6 +627,9 @@ pub(super) async fn proxy(
                 return fail(w, cg, conn, info, err, !bstate.done).await;
             }
         };
+        // An endpoint's latency: from here (not from a wait for a connection slot), or from
+        // the end of a streamed body, to the response head.
+        let started = Instant::now();
 
         let head_deadline = |w: &Worker| {
             let d = w.now() + try_timeout;
@@ -654,7 +660,8 @@ pub(super) async fn proxy(
         match outcome {
             Exchange::Head(upc, ubuf) => {
                 let done = Instant::now();
-                let elapsed = done.saturating_duration_since(started);
+                let from = bstate.sent_at.map_or(started, |t| t.max(started));
+                let elapsed = done.saturating_duration_since(from);
                 ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = conn.resp.status;
@@ -982,8 +989,9 @@ async fn exchange(
             )
             .await
             {
-                BodyOutcome::Sent(result) => {
+                BodyOutcome::Sent(result, at) => {
                     bstate.done = true;
+                    bstate.sent_at = Some(at);
                     result
                 }
                 BodyOutcome::Interrupted(result) => result,
@@ -1178,8 +1186,9 @@ fn encode_request(
 }
 
 enum BodyOutcome {
-    /// The whole body went upstream; then the response head (or its failure).
-    Sent(Result<Block, HeadError>),
+    /// The whole body went upstream (at the instant given); then the response head (or its
+    /// failure).
+    Sent(Result<Block, HeadError>, Instant),
     /// The upstream answered, or failed, before the body was sent completely.
     Interrupted(Result<Block, HeadError>),
     /// The client failed (went away, too slow, body too large or malformed).
@@ -1254,7 +1263,8 @@ async fn send_body_and_read_head(
     }
     match outcome {
         Either::Left(Ok(())) => {
-            BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w), gone).await)
+            let at = Instant::now();
+            BodyOutcome::Sent(await_head(head.as_mut(), head_deadline(w), gone).await, at)
         }
         Either::Left(Err(e)) if e.side() == Side::Upstream => {
             // The upstream stopped reading; it may have answered first.

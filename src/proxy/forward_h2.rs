@@ -460,6 +460,8 @@ pub(super) async fn proxy(
     let stats = up.shared.stats(w.id);
     let mut body_read = !matches!(body, BodyPlan::Streamed);
     let mut body_touched = false;
+    // When the last of a streamed body went up (an endpoint's latency counts from there).
+    let mut body_sent_at: Option<Instant> = None;
     let mut tried = Tried::default();
     // Whether the free resend of a request the upstream did not process was used.
     let mut resent = false;
@@ -500,7 +502,6 @@ pub(super) async fn proxy(
             method_retryable: plan.method_retryable,
             total_deadline: plan.total_deadline,
         };
-        let started = Instant::now();
         let (ep, inflight, picked) = match acquire(w, up, plan.key, &mut tried).await {
             Ok(x) => x,
             Err(e) => {
@@ -522,6 +523,9 @@ pub(super) async fn proxy(
                 .await;
             }
         };
+        // An endpoint's latency: from here (not from a wait for a stream slot or a
+        // connection), or from the end of a streamed body, to the response head.
+        let started = Instant::now();
         let outcome: Attempt = 'attempt: {
             let (sender, slot) = match picked {
                 Ok(x) => x,
@@ -762,6 +766,7 @@ pub(super) async fn proxy(
                         match race(pump.as_mut(), std::pin::pin!(during)).await {
                             Either::Left(r) => {
                                 body_read = r.is_ok();
+                                body_sent_at = Some(Instant::now());
                                 r.err()
                             }
                             Either::Right(resp) => {
@@ -798,7 +803,8 @@ pub(super) async fn proxy(
         match outcome {
             Attempt::Response(r, slot) => {
                 let done = Instant::now();
-                let elapsed = done.saturating_duration_since(started);
+                let from = body_sent_at.map_or(started, |t| t.max(started));
+                let elapsed = done.saturating_duration_since(from);
                 ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = r.status().as_u16();
