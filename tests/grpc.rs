@@ -43,6 +43,19 @@ fn h2_origin() -> SocketAddr {
 
 async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
     let (parts, mut body) = req.into_parts();
+    if parts.uri.path() == "/bidi.Svc/Hold" {
+        // The head at once, then nothing until the caller goes.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        if let Ok(mut send) = respond.send_response(resp, false) {
+            let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
+        }
+        drop(body);
+        return;
+    }
     if parts.uri.path() == "/echo.Svc/SlowHead" {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -277,6 +290,53 @@ fn calls_ended_by_their_own_deadline_do_not_count_against_the_upstream() {
         assert_eq!(status, 200);
         assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
     });
+}
+
+#[test]
+fn a_client_cancelling_a_bidirectional_call_does_not_count_against_the_upstream() {
+    let origin = h2_origin();
+    // Two failures in a row would open the circuit.
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
+         breaker = {{ failure_threshold = 2 }}\n[[routes]]\npath_prefix = \"/\"\nproxy = \"grpc\"\n"
+    ));
+    rt().block_on(async {
+        for _ in 0..3 {
+            // The response has begun while the request still streams; then the caller goes.
+            let client = h2c_client(proxy.addr).await;
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("http://svc.test/bidi.Svc/Hold")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+            let (resp, mut send) = client
+                .ready()
+                .await
+                .unwrap()
+                .send_request(req, false)
+                .unwrap();
+            send.send_data(Bytes::from(frame(b"x")), false).unwrap();
+            assert_eq!(resp.await.unwrap().status(), 200);
+            send.send_reset(h2::Reason::CANCEL);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, _, _, trailers, _, _) =
+            call(proxy.addr, "/echo.Svc/Unary", &frame(b"hi"), None).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            trailers.expect("trailers")["grpc-status"],
+            "0",
+            "the circuit opened"
+        );
+    });
+    let m = metrics(proxy.addr);
+    assert!(
+        m.iter()
+            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
+        "{m:?}"
+    );
 }
 
 #[test]

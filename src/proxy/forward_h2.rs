@@ -13,6 +13,7 @@ use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -872,17 +873,28 @@ pub(super) async fn proxy(
     drop(retry_slot);
     let ep = inflight.endpoint().clone();
     let status = resp.status().as_u16();
+    // Why the client's side of a bidirectional exchange failed, if it did: the relay then
+    // ends with that (the upstream stream was reset for it), not with an upstream failure.
+    let client_failed = Cell::new(None);
     let (keep, upstream_failure) = match duplex_rest {
-        None => relay(w, cg, conn, info, resp, body_read, &plan).await,
+        None => relay(w, cg, conn, info, resp, body_read, &plan, &client_failed).await,
         Some(mut pump) => {
             // The body goes on streaming up beside the relay, and is abandoned (its stream
             // reset) if the response completes first. The connection (one HTTP/2 stream)
             // closes after.
-            let mut relay = std::pin::pin!(relay(w, cg, conn, info, resp, false, &plan));
+            let relay = relay(w, cg, conn, info, resp, false, &plan, &client_failed);
+            let mut relay = std::pin::pin!(relay);
             let mut pumping = true;
             poll_fn(|cx| {
-                if pumping && pump.as_mut().poll(cx).is_ready() {
-                    pumping = false;
+                if pumping {
+                    if let Poll::Ready((r, _)) = pump.as_mut().poll(cx) {
+                        pumping = false;
+                        if let Err(e) = r {
+                            if e.side() != Side::Upstream {
+                                client_failed.set(Some(e.kind()));
+                            }
+                        }
+                    }
                 }
                 relay.as_mut().poll(cx)
             })
@@ -904,7 +916,9 @@ pub(super) async fn proxy(
 }
 
 /// Writes the response to the client as HTTP/1.1; returns (keep the client connection, the
-/// upstream's failure if it failed mid-way).
+/// upstream's failure if it failed mid-way). `client_failed`: the request body's pump failed
+/// on the client's side (and reset the upstream stream), so the response ends for that.
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     w: &Worker,
     cg: &CoreGen,
@@ -913,6 +927,7 @@ async fn relay(
     resp: http::Response<RecvStream>,
     body_read: bool,
     plan: &Plan,
+    client_failed: &Cell<Option<ErrorKind>>,
 ) -> (bool, Option<FailureClass>) {
     let (parts, mut body) = resp.into_parts();
     let status = parts.status.as_u16();
@@ -1005,9 +1020,11 @@ async fn relay(
         let failed = match next {
             Ok(Some(Ok(c))) => Ok(c),
             Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e))
-            }
+            Ok(Some(Err(e))) => match client_failed.get() {
+                Some(kind) => Err(Error::new(kind, Side::Downstream)
+                    .with_cause("the request body failed on the client's side")),
+                None => Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream).with_cause(e)),
+            },
             Err(_) if call_deadline.is_some() => {
                 Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                     .with_cause("the call's grpc-timeout passed"))
@@ -1141,11 +1158,7 @@ async fn grpc_end(
     info: &ReqInfo,
     e: Error,
 ) -> (bool, Option<FailureClass>) {
-    let class = if e.kind() == ErrorKind::UpstreamTimeout {
-        FailureClass::Timeout
-    } else {
-        FailureClass::MidBody
-    };
+    let class = failure_class(&e);
     tracing::debug!(request_id = ?info.rid.as_str(), error = %e, "gRPC response ended with a status");
     let mut digits = [0u8; 20];
     let code = crate::http1::encode::decimal(
@@ -1164,7 +1177,7 @@ async fn grpc_end(
     }
     let deadline = w.now() + cg.gen.http.send_timeout;
     let _ = write_all_by(&mut conn.stream, end, deadline, &w.pool).await;
-    (false, Some(class))
+    (false, class)
 }
 
 /// The response was cut short: reset the client connection so it cannot pass for complete.
@@ -1177,11 +1190,20 @@ fn cut_short(
     let _ = w;
     conn.stream.abort();
     conn.aborted = true;
-    tracing::warn!(request_id = ?info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
-    let class = if e.kind() == ErrorKind::UpstreamTimeout {
-        FailureClass::Timeout
+    if e.side() == Side::Upstream {
+        tracing::warn!(request_id = ?info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
     } else {
-        FailureClass::MidBody
-    };
-    (false, Some(class))
+        tracing::debug!(request_id = ?info.rid.as_str(), error = %e, "client failed mid-exchange; connection closed");
+    }
+    (false, failure_class(&e))
+}
+
+/// What an exchange that ended half-way counts as against its endpoint: nothing when the
+/// client's side failed.
+fn failure_class(e: &Error) -> Option<FailureClass> {
+    match (e.side(), e.kind()) {
+        (Side::Upstream, ErrorKind::UpstreamTimeout) => Some(FailureClass::Timeout),
+        (Side::Upstream, _) => Some(FailureClass::MidBody),
+        _ => None,
+    }
 }
