@@ -340,6 +340,66 @@ fn a_client_cancelling_a_bidirectional_call_does_not_count_against_the_upstream(
 }
 
 #[test]
+fn an_h2_clients_reset_while_a_quiet_response_streams_reaches_the_upstream_at_once() {
+    // The origin sends a head and one DATA frame, then nothing: it reports when the stream
+    // is reset.
+    let (tx, rx) = std::sync::mpsc::channel::<Duration>();
+    let tx = std::sync::Arc::new(std::sync::Mutex::new(tx));
+    let origin = tokio_server(move |tcp| {
+        let tx = tx.clone();
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                return;
+            };
+            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let resp = http::Response::builder().status(200).body(()).unwrap();
+                    let Ok(mut send) = respond.send_response(resp, false) else {
+                        return;
+                    };
+                    let _ = send.send_data(Bytes::from_static(b"first"), false);
+                    let sent = Instant::now();
+                    let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
+                    let _ = tx.lock().unwrap().send(sent.elapsed());
+                });
+            }
+        }
+    });
+    let proxy = proxy_to_h2_with(origin, "read_timeout = \"5s\"");
+    rt().block_on(async {
+        let client = h2c_client(proxy.addr).await;
+        let req = http::Request::builder()
+            .uri("http://svc.test/quiet")
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        assert_eq!(&body.data().await.unwrap().unwrap()[..], b"first");
+        send.send_reset(h2::Reason::CANCEL);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    });
+    let after = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the upstream stream was reset");
+    assert!(
+        after < Duration::from_secs(1),
+        "reset reached the upstream after {after:?}"
+    );
+    let m = metrics(proxy.addr);
+    assert!(
+        m.iter()
+            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
+        "{m:?}"
+    );
+}
+
+#[test]
 fn http1_clients_reach_an_h2_upstream_with_trailers_in_chunked_form() {
     let origin = h2_origin();
     let proxy = proxy_to_h2(origin);

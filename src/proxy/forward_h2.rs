@@ -1008,14 +1008,21 @@ async fn relay(
         return (keep_client, None);
     }
     // Body: DATA frames as they come, each written before the next is taken (and only then
-    // is the window given back to the upstream).
+    // is the window given back to the upstream). An HTTP/2 client's reset ends the wait at
+    // once (dropping `body` then resets the upstream stream): a quiet stream is not held
+    // until its next DATA or the read timeout. (A socket is not watched here: a closed one
+    // fails the next write.)
+    let gone = conn.stream.gone_watch().map(ClientGone::Stream);
     loop {
         let stall = w.now() + plan.read_timeout;
         // The call's own grpc-timeout ending first is the client's doing, not a failure.
         let call_deadline = plan.grpc_deadline.filter(|&g| g <= stall);
         let idle = call_deadline.unwrap_or(stall);
-        let next =
-            monoio::time::timeout_at(monoio::time::Instant::from_std(idle), body.data()).await;
+        let next = monoio::time::timeout_at(monoio::time::Instant::from_std(idle), body.data());
+        let Some(next) = unless_gone(gone.as_ref(), std::pin::pin!(next)).await else {
+            conn.aborted = true;
+            return (false, None);
+        };
         let counted = !(call_deadline.is_some() && next.is_err());
         let failed = match next {
             Ok(Some(Ok(c))) => Ok(c),
