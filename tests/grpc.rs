@@ -827,6 +827,39 @@ fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
 }
 
 #[test]
+fn requests_waiting_for_a_stream_spend_no_rate_limit_tokens() {
+    // One stream at a time; `/slow` holds it for 300 ms.
+    let origin = one_stream_origin(|req, respond| async move {
+        if req.uri().path() == "/slow" {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        serve_big_or_small(req, respond).await
+    });
+    // Ten tokens at once, then two a second.
+    let proxy = proxy_to_h2_with(origin, "rate_limit = { max_rps = 2, burst = 9 }");
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = proxy.addr;
+            std::thread::spawn(move || Client::connect(addr).get("/slow").status)
+        })
+        .collect();
+    for s in slow {
+        assert_eq!(s.join().unwrap(), 200);
+    }
+    // Four requests spent four tokens, however long they waited for the stream.
+    let started = Instant::now();
+    let mut c = proxy.connect();
+    for _ in 0..5 {
+        assert_eq!(c.get("/fast").status, 200);
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}: the bucket was spent by waiting requests",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn a_grpc_call_refused_before_its_head_is_parsed_gets_a_grpc_status() {
     let proxy = proxy_to_h2(h2_origin());
     rt().block_on(async {

@@ -757,6 +757,53 @@ fn connection_limits_queue_within_max_pending_then_shed() {
 }
 
 #[test]
+fn a_client_gone_while_queued_for_a_connection_is_dropped_not_sent() {
+    let release = Arc::new(AtomicBool::new(false));
+    let origin = gated(&release, "ok");
+    let p = proxy_over(
+        "workers = 1\n[http]\nclient_close_check = \"100ms\"",
+        &quoted(&[origin.addr]),
+        "max_connections = 1\nmax_pending = 1\nconnect_timeout = \"5s\"",
+    );
+    let addr = p.addr;
+    let first = thread::spawn(move || Client::connect(addr).get("/a").status);
+    assert!(wait_until(Duration::from_secs(5), || origin
+        .requests()
+        .len()
+        == 1));
+    // Queued behind the held request, then gone.
+    let mut gone = std::net::TcpStream::connect(addr).unwrap();
+    gone.write_all(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || {
+        admin(admin_addr(&p), "GET", "/-/upstreams")
+            .1
+            .contains("\"pending\":1")
+    }));
+    drop(gone);
+    // Its place in the queue is given up within the close check (not at connect_timeout).
+    assert!(
+        wait_until(Duration::from_secs(2), || {
+            admin(admin_addr(&p), "GET", "/-/upstreams")
+                .1
+                .contains("\"pending\":0")
+        }),
+        "the gone client's request stayed queued"
+    );
+    let queued = thread::spawn(move || Client::connect(addr).get("/c").status);
+    assert!(wait_until(Duration::from_secs(5), || {
+        admin(admin_addr(&p), "GET", "/-/upstreams")
+            .1
+            .contains("\"pending\":1")
+    }));
+    release.store(true, Ordering::SeqCst);
+    assert_eq!(first.join().unwrap(), 200);
+    assert_eq!(queued.join().unwrap(), 200);
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.target.clone()).collect();
+    assert_eq!(paths, ["/a", "/c"], "nothing sent for the client that went");
+}
+
+#[test]
 fn an_empty_token_bucket_makes_the_endpoint_ineligible() {
     let origin = Origin::ok("ok");
     let p = proxy_over(

@@ -343,16 +343,19 @@ enum AcquireFail {
     Saturated,
     /// Connecting to the picked endpoint failed.
     Connect(InFlight, Error),
+    /// The client went while the request waited for a connection.
+    ClientGone,
 }
 
 /// Picks an endpoint and gets a connection to it; waits (as one of `max_pending`) while
-/// every endpoint is at its connection limit.
+/// every endpoint is at its connection limit, unless the client goes (`gone`).
 async fn acquire(
     w: &Worker,
     up: &UpstreamRt,
     key: Option<u64>,
     replayable: bool,
     tried: &mut Tried,
+    gone: Option<&ClientGone<'_>>,
 ) -> Result<(InFlight, UpConn), AcquireFail> {
     let mut wait = SlotWait::default();
     loop {
@@ -364,7 +367,10 @@ async fn acquire(
                         tried.add(&ep);
                         return Ok((inflight, c));
                     }
-                    Err(ConnectError::Busy) => {} // taken by another worker meanwhile
+                    Err(ConnectError::Busy) => {
+                        // Taken by another worker meanwhile: the token is not spent.
+                        up.unpick(&ep, Instant::now(), w.shared.epoch);
+                    }
                     Err(ConnectError::Failed(e)) => {
                         tried.add(&ep);
                         let err = Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
@@ -382,10 +388,38 @@ async fn acquire(
             Err(PickError::NoEndpoints) => return Err(AcquireFail::NoEndpoints),
             Err(PickError::Busy) => {}
         }
-        if !wait.wait(w, up).await {
-            return Err(AcquireFail::Saturated);
+        match wait.wait(w, up, gone).await {
+            Waited::Again => {}
+            Waited::GiveUp => return Err(AcquireFail::Saturated),
+            Waited::ClientGone => return Err(AcquireFail::ClientGone),
         }
     }
+}
+
+/// What one poll interval of a [`SlotWait`] came to.
+pub(super) enum Waited {
+    /// Look for a connection again.
+    Again,
+    /// The queue is full, or the wait ran out.
+    GiveUp,
+    /// The client went meanwhile: the request is dropped, not sent.
+    ClientGone,
+}
+
+/// The watch on a client while its request waits for a connection: an HTTP/2 stream's
+/// reset, or a socket's close (`http.client_close_check`). Not the socket of a body still to
+/// be read: a client that shuts down its side after an upload is no close.
+pub(super) fn queue_watch<'a>(
+    w: &'a Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    streamed: bool,
+) -> Option<ClientGone<'a>> {
+    if streamed && conn.stream.socket_fd().is_some() {
+        return None;
+    }
+    let pipelined = conn.pipelines(conn.head.len, !streamed);
+    ClientGone::of(w, cg, &conn.stream, pipelined)
 }
 
 /// A request's wait for a connection while every endpoint is at its limit: queued within
@@ -397,9 +431,13 @@ pub(super) struct SlotWait<'a> {
 }
 
 impl<'a> SlotWait<'a> {
-    /// Waits one poll interval; false when the request is to give up (the queue is full, or
-    /// it waited `connect_timeout`).
-    pub(super) async fn wait(&mut self, w: &Worker, up: &'a UpstreamRt) -> bool {
+    /// Waits one poll interval (less if the client goes: `gone`).
+    pub(super) async fn wait(
+        &mut self,
+        w: &Worker,
+        up: &'a UpstreamRt,
+        gone: Option<&ClientGone<'_>>,
+    ) -> Waited {
         match &self.pending {
             None => {
                 let max = up.cfg.max_pending;
@@ -411,15 +449,18 @@ impl<'a> SlotWait<'a> {
                     })
                     .is_ok();
                 if !queued {
-                    return false;
+                    return Waited::GiveUp;
                 }
                 self.pending = Some((Pending(&up.shared), w.now() + up.cfg.connect_timeout));
             }
-            Some((_, until)) if w.now() >= *until => return false,
+            Some((_, until)) if w.now() >= *until => return Waited::GiveUp,
             Some(_) => {}
         }
-        monoio::time::sleep(PENDING_POLL).await;
-        true
+        let pause = monoio::time::sleep(PENDING_POLL);
+        match unless_gone(gone, std::pin::pin!(pause)).await {
+            Some(()) => Waited::Again,
+            None => Waited::ClientGone,
+        }
     }
 }
 
@@ -599,8 +640,16 @@ pub(super) async fn proxy(
         };
 
         let replayable = resendable(info, &body);
-        let (inflight, upc) = match acquire(w, up, key, replayable, &mut tried).await {
+        let streamed = matches!(body, BodyPlan::Streamed);
+        let gone = queue_watch(w, cg, conn, streamed);
+        let acquired = acquire(w, up, key, replayable, &mut tried, gone.as_ref()).await;
+        drop(gone);
+        let (inflight, upc) = match acquired {
             Ok(x) => x,
+            Err(AcquireFail::ClientGone) => {
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, cancelled(), true).await;
+            }
             Err(AcquireFail::NoEndpoints) => {
                 conn.consume_head(head_len);
                 let err = Error::new(ErrorKind::NoEndpoint, Side::Upstream)

@@ -22,7 +22,7 @@ use monoio::io::AsyncReadRent;
 
 use super::forward::{
     backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
-    BodyPlan, Retry, RetrySlot, SlotWait, Ticket, MAX_INTERIM_RESPONSES,
+    BodyPlan, Retry, RetrySlot, SlotWait, Ticket, Waited, MAX_INTERIM_RESPONSES,
 };
 use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, Either};
@@ -170,20 +170,21 @@ async fn send_all(
 /// there is no stream on it (a failed connect); `Err` when there is no endpoint to try, or
 /// every one stayed at its limit as long as a request may wait (like an HTTP/1.1 request's
 /// wait for a connection: a worker without a connection of its own waits for the cap across
-/// workers to let it open one).
+/// workers to let it open one). `Err(None)`: the client went while the request waited.
 #[allow(clippy::type_complexity)]
 async fn acquire(
     w: &Worker,
     up: &UpstreamRt,
     key: Option<u64>,
     tried: &mut Tried,
+    gone: Option<&ClientGone<'_>>,
 ) -> Result<
     (
         Rc<EndpointRt>,
         InFlight,
         Result<(h2::client::SendRequest<Bytes>, StreamSlot), Error>,
     ),
-    PickError,
+    Option<PickError>,
 > {
     let mut wait = SlotWait::default();
     loop {
@@ -195,7 +196,12 @@ async fn acquire(
                         tried.add(&ep);
                         return Ok((ep, inflight, Ok(stream)));
                     }
-                    Err(ConnectError::Busy) => None, // at the cap across workers: wait
+                    Err(ConnectError::Busy) => {
+                        // At the cap across workers, or every stream taken: wait (the token
+                        // is not spent).
+                        up.unpick(&ep, Instant::now(), w.shared.epoch);
+                        None
+                    }
                     Err(ConnectError::TimedOut) => Some(Error::new(
                         ErrorKind::UpstreamConnectTimeout,
                         Side::Upstream,
@@ -209,11 +215,13 @@ async fn acquire(
                     return Ok((ep, inflight, Err(err)));
                 }
             }
-            Err(PickError::NoEndpoints) => return Err(PickError::NoEndpoints),
+            Err(PickError::NoEndpoints) => return Err(Some(PickError::NoEndpoints)),
             Err(PickError::Busy) => {}
         }
-        if !wait.wait(w, up).await {
-            return Err(PickError::Busy);
+        match wait.wait(w, up, gone).await {
+            Waited::Again => {}
+            Waited::GiveUp => return Err(Some(PickError::Busy)),
+            Waited::ClientGone => return Err(None),
         }
     }
 }
@@ -503,9 +511,17 @@ pub(super) async fn proxy(
             method_retryable: plan.method_retryable,
             total_deadline: plan.total_deadline,
         };
-        let (ep, inflight, picked) = match acquire(w, up, plan.key, &mut tried).await {
+        let streamed = matches!(body, BodyPlan::Streamed);
+        let gone = super::forward::queue_watch(w, cg, conn, streamed);
+        let acquired = acquire(w, up, plan.key, &mut tried, gone.as_ref()).await;
+        drop(gone);
+        let (ep, inflight, picked) = match acquired {
             Ok(x) => x,
-            Err(e) => {
+            Err(None) => {
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, cancelled(), !body_read).await;
+            }
+            Err(Some(e)) => {
                 conn.consume_head(head_len);
                 let kind = if e == PickError::NoEndpoints {
                     ErrorKind::NoEndpoint

@@ -474,6 +474,15 @@ impl UpstreamRt {
         }
     }
 
+    /// Undoes what [`Self::pick`] spent on `ep` (its rate-limit token) for a request that did
+    /// not go to it after all: it had no connection or stream to spare, and the request waits.
+    pub fn unpick(&self, ep: &EndpointRt, now: Instant, epoch: Instant) {
+        if let Some(cfg) = &self.cfg.rate_limit {
+            let now_ns = now.saturating_duration_since(epoch).as_nanos() as u64;
+            ep.state.bucket_refund(cfg, now_ns);
+        }
+    }
+
     /// A connection to `ep`: a pooled one when there is one (unless `force_new`), else a new
     /// one within the endpoint's connection limit.
     ///

@@ -248,6 +248,17 @@ impl EndpointState {
             .is_ok()
     }
 
+    /// Gives back a token [`Self::bucket_take`] spent on a request that did not go (its
+    /// endpoint had no connection or stream for it after all). A full bucket stays full.
+    pub fn bucket_refund(&self, cfg: &RateLimitConfig, now_ns: u64) {
+        let interval = cfg.interval_ns();
+        let _ = self
+            .bucket_tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                (tat > now_ns).then(|| tat.saturating_sub(interval).max(now_ns))
+            });
+    }
+
     /// The bucket's arrival time, brought within what `cfg` can make: at most an empty
     /// bucket's (`now + burst + interval`; with an unchanged config a take never gets past
     /// that). After a reload to a smaller burst or a higher rate the bucket is empty, not in
@@ -758,6 +769,13 @@ mod tests {
         }
         assert_eq!(taken, 3, "the burst plus the token due now");
         assert!(!e.bucket_allows(&cfg, 0));
+        // A token given back is there to take again, once.
+        e.bucket_refund(&cfg, 0);
+        assert!(e.bucket_take(&cfg, 0) && !e.bucket_take(&cfg, 0));
+        // A full bucket stays full.
+        let full = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 1);
+        full.bucket_refund(&cfg, 0);
+        assert_eq!((0..10).filter(|_| full.bucket_take(&cfg, 0)).count(), 3);
         assert!(e.bucket_allows(&cfg, 200_000_000), "refilled at 10/s");
         // Spent again, then a reload to a smaller burst at a higher rate: the old debt (300
         // ms) does not outlast the new bucket's own refill (1 ms).
