@@ -110,7 +110,7 @@ fn every_golden_case_resolves_as_written() {
             }
             Action::Redirect(rd) => {
                 let mut loc = Vec::new();
-                rd.write_location(req.host, req.path, req.query, |p| {
+                rd.write_location(req.host, req.path, req.query, false, |p| {
                     loc.extend_from_slice(p);
                     Ok::<(), ()>(())
                 })

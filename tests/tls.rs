@@ -204,6 +204,23 @@ fn https_is_served_with_the_sni_certificate_and_forwarded_proto() {
     server.join();
 }
 
+#[test]
+fn a_redirect_on_a_tls_listener_keeps_https() {
+    let dir = Dir::new("tls-redirect");
+    write_certs(&dir);
+    let origin = Origin::ok("x");
+    let config = tls_config(&dir, origin.addr, "").replace(
+        "[[routes]]\n",
+        "[[routes]]\npath_prefix = \"/old\"\nredirect = { path = \"/new\" }\n[[routes]]\n",
+    );
+    let (server, addr) = start(&dir, &config);
+    let r = TlsClient::connect(addr, "a.test").request("a.test:8443", "/old");
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("https://a.test:8443/new"));
+    server.shutdown();
+    server.join();
+}
+
 fn metrics_tls(addr: SocketAddr) -> f64 {
     let mut c = TlsClient::connect(addr, "default.test");
     let text = c.request("default.test", "/metrics").text();

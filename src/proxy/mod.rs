@@ -617,10 +617,14 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         }
         Action::Redirect(rd) => {
             let mut location = w.pool.take();
-            let written =
-                rd.write_location(head.host.get(src), path, head.query.get(src), |piece| {
-                    location.put(piece)
-                });
+            let tls = conn.stream.is_tls();
+            let written = rd.write_location(
+                head.host.get(src),
+                path,
+                head.query.get(src),
+                tls,
+                |piece| location.put(piece),
+            );
             if written.is_err() {
                 return answer_local(
                     w,

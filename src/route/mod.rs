@@ -57,7 +57,7 @@ pub struct LocalResponse {
 pub struct Redirect {
     /// 301, 302, 303, 307 or 308.
     pub status: u16,
-    /// `http` or `https`; default `http`.
+    /// `http` or `https`; default the request's (`https` over TLS).
     pub scheme: Option<String>,
     /// Host; default the request's host (without its port).
     pub host: Option<String>,
@@ -74,12 +74,13 @@ impl Redirect {
     /// scheme or host drops the request's port unless one is configured. Without any host (an
     /// HTTP/1.0 request without Host, no host configured) the Location is the path alone, a
     /// relative reference, rather than `http:///path`; a target that is not a path (`*`)
-    /// becomes `/`.
+    /// becomes `/`. `tls`: the request came over TLS (the scheme kept is then `https`).
     pub fn write_location<E>(
         &self,
         req_host: &[u8],
         path: &[u8],
         query: &[u8],
+        tls: bool,
         mut put: impl FnMut(&[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let (host, port) = split_host_port(req_host);
@@ -100,7 +101,12 @@ impl Redirect {
                 }
             };
         }
-        put(self.scheme.as_deref().unwrap_or("http").as_bytes())?;
+        let scheme = match &self.scheme {
+            Some(s) => s.as_str(),
+            None if tls => "https",
+            None => "http",
+        };
+        put(scheme.as_bytes())?;
         put(b"://")?;
         match &self.host {
             Some(h) => put(h.as_bytes())?,
@@ -645,7 +651,7 @@ mod tests {
     fn locations_without_a_host_are_relative() {
         let loc = |rd: &Redirect, host: &[u8], path: &[u8], query: &[u8]| {
             let mut out = Vec::new();
-            rd.write_location(host, path, query, |p| {
+            rd.write_location(host, path, query, false, |p| {
                 out.extend_from_slice(p);
                 Ok::<(), ()>(())
             })
@@ -667,6 +673,14 @@ mod tests {
         assert_eq!(loc(&keep, b"", b"//evil.example/x", b""), "/evil.example/x");
         assert_eq!(loc(&keep, b"", b"///x", b"?q"), "/x?q");
         assert_eq!(loc(&keep, b"a.example", b"*", b""), "http://a.example/");
+        // Over TLS the scheme kept is https (and so is the port).
+        let mut out = Vec::new();
+        keep.write_location(b"a.example:8443", b"/x", b"", true, |p| {
+            out.extend_from_slice(p);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(out, b"https://a.example:8443/x");
         let to = Redirect {
             host: Some("b.example".into()),
             ..keep
