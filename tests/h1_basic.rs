@@ -107,12 +107,16 @@ fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
     let origin = Origin::ok("ok");
     let proxy = Proxy::to(origin.addr, "");
     let mut c = proxy.connect();
-    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n\r\n");
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.example\r\nX-Forwarded-Port: 1\r\nX-Forwarded-Prefix: /evil\r\n\r\n");
     assert_eq!(c.read_response(false).unwrap().status, 200);
     let seen = origin.last();
     assert_eq!(seen.headers_named("x-forwarded-for"), vec!["127.0.0.1"]);
     assert_eq!(seen.headers_named("x-real-ip"), vec!["127.0.0.1"]);
     assert_eq!(seen.headers_named("x-forwarded-proto"), vec!["http"]);
+    // What a backend builds its own URLs from is not the client's to choose.
+    for name in ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix"] {
+        assert!(seen.headers_named(name).is_empty(), "{name}");
+    }
 }
 
 #[test]
@@ -123,9 +127,10 @@ fn forwarded_headers_from_a_trusted_peer_are_appended() {
         "[gateway]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
     );
     let mut c = proxy.connect();
-    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1, 2.2.2.2\r\nX-Forwarded-For: 3.3.3.3\r\nX-Real-IP: 9.9.9.9\r\nX-Forwarded-Proto: https\r\n\r\n");
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1, 2.2.2.2\r\nX-Forwarded-For: 3.3.3.3\r\nX-Real-IP: 9.9.9.9\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: app.example\r\n\r\n");
     assert_eq!(c.read_response(false).unwrap().status, 200);
     let seen = origin.last();
+    assert_eq!(seen.headers_named("x-forwarded-host"), vec!["app.example"]);
     assert_eq!(
         seen.headers_named("x-forwarded-for"),
         vec!["1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1"]

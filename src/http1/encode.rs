@@ -31,7 +31,8 @@ pub struct RequestEdits<'a> {
     pub real_ip: &'a [u8],
     /// X-Forwarded-Proto to set, or `None` to keep the inbound value (trusted peer).
     pub forwarded_proto: Option<&'a [u8]>,
-    /// Keep an inbound `Forwarded` field (trusted peer); otherwise it is dropped.
+    /// Keep inbound `Forwarded` and `X-Forwarded-Host`/`-Port`/`-Prefix` fields (trusted
+    /// peer); otherwise they are dropped.
     pub keep_forwarded: bool,
     /// X-Request-Id.
     pub request_id: &'a [u8],
@@ -81,7 +82,7 @@ pub fn write_request_head(
                 | HeaderKind::XRequestId
                 | HeaderKind::ForwardedAlias => true,
                 HeaderKind::XForwardedProto => edits.forwarded_proto.is_some(),
-                HeaderKind::Forwarded => !edits.keep_forwarded,
+                HeaderKind::Forwarded | HeaderKind::XForwardedOrigin => !edits.keep_forwarded,
                 _ => false,
             };
         if !skip {

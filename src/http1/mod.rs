@@ -152,6 +152,9 @@ pub enum HeaderKind {
     XRequestId,
     /// Forwarded (RFC 7239): kept from trusted peers only.
     Forwarded,
+    /// X-Forwarded-Host, X-Forwarded-Port, X-Forwarded-Prefix: what a backend builds its own
+    /// URLs from; kept from trusted peers only (ringway sets none of them).
+    XForwardedOrigin,
     /// An underscore spelling of a field ringway treats specially (`X_Forwarded_For`,
     /// `Content_Length`, `Transfer_Encoding`, `Host`...), which CGI-style backends read as
     /// the real one: never forwarded.
@@ -162,8 +165,8 @@ impl HeaderKind {
     /// Classifies a header name (case-insensitive).
     pub fn classify(name: &[u8]) -> HeaderKind {
         let kind = Self::classify_exact(name);
-        if kind == HeaderKind::Other && name.contains(&b'_') && name.len() <= 17 {
-            let mut dashed = [0u8; 17];
+        if kind == HeaderKind::Other && name.contains(&b'_') && name.len() <= 18 {
+            let mut dashed = [0u8; 18];
             for (d, &b) in dashed.iter_mut().zip(name) {
                 *d = if b == b'_' { b'-' } else { b };
             }
@@ -195,11 +198,16 @@ impl HeaderKind {
             12 => &[(b"x-request-id", HeaderKind::XRequestId)],
             14 => &[(b"content-length", HeaderKind::ContentLength)],
             15 => &[(b"x-forwarded-for", HeaderKind::XForwardedFor)],
-            16 => &[(b"proxy-connection", HeaderKind::ProxyConnection)],
+            16 => &[
+                (b"proxy-connection", HeaderKind::ProxyConnection),
+                (b"x-forwarded-host", HeaderKind::XForwardedOrigin),
+                (b"x-forwarded-port", HeaderKind::XForwardedOrigin),
+            ],
             17 => &[
                 (b"transfer-encoding", HeaderKind::TransferEncoding),
                 (b"x-forwarded-proto", HeaderKind::XForwardedProto),
             ],
+            18 => &[(b"x-forwarded-prefix", HeaderKind::XForwardedOrigin)],
             _ => &[],
         };
         for (n, kind) in candidates {
@@ -363,6 +371,17 @@ mod tests {
         assert_eq!(HeaderKind::classify(b"Keep-Alive"), HeaderKind::KeepAlive);
         assert_eq!(HeaderKind::classify(b"accept"), HeaderKind::Other);
         assert_eq!(HeaderKind::classify(b"Forwarded"), HeaderKind::Forwarded);
+        for origin in [
+            &b"X-Forwarded-Host"[..],
+            b"x-forwarded-port",
+            b"X-FORWARDED-PREFIX",
+        ] {
+            assert_eq!(HeaderKind::classify(origin), HeaderKind::XForwardedOrigin);
+        }
+        assert_eq!(
+            HeaderKind::classify(b"x_forwarded_prefix"),
+            HeaderKind::ForwardedAlias
+        );
         assert_eq!(
             HeaderKind::classify(b"X_Forwarded_For"),
             HeaderKind::ForwardedAlias

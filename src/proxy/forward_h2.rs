@@ -115,7 +115,7 @@ fn build_request(
             | HeaderKind::XRequestId
             | HeaderKind::ForwardedAlias => continue,
             HeaderKind::XForwardedProto if !trusted => continue,
-            HeaderKind::Forwarded if !trusted => continue,
+            HeaderKind::Forwarded | HeaderKind::XForwardedOrigin if !trusted => continue,
             _ if h.hop => continue,
             _ => {}
         }
