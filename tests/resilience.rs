@@ -332,21 +332,31 @@ fn retry_setup(status: u16, retries: &str) -> (Origin, Origin, Proxy) {
 
 #[test]
 fn a_retry_goes_to_a_different_endpoint() {
-    let (bad, good, p) = retry_setup(
-        503,
-        "attempts = 3, retry_on = [\"gateway_error\"], backoff_base = \"1ms\", backoff_max = \"2ms\"",
+    let bad = Origin::start(|_| Reply::text(503, "bad"));
+    let good = Origin::ok("good");
+    // `bad` weighs 3: the rotation itself would give it the retry's turn too, so only the
+    // retry's rule (another endpoint) sends the one retry allowed to `good`.
+    let p = proxy_over(
+        "workers = 1",
+        &[
+            format!("{{ address = \"{}\", weight = 3 }}", bad.addr),
+            format!("\"{}\"", good.addr),
+        ],
+        "balancer = \"round_robin\"\noutlier = { consecutive_failures = 0 }\n\
+         retries = { attempts = 2, retry_on = [\"gateway_error\"], backoff_base = \"1ms\", backoff_max = \"2ms\" }",
     );
     let mut c = p.connect();
     for _ in 0..10 {
         let r = c.get("/");
-        assert_eq!((r.status, r.text().as_str()), (200, "good:"));
+        assert_eq!((r.status, r.text().as_str()), (200, "good"));
     }
-    // Round robin's turn lands on `bad` for every first attempt here (the retry's pick moves
-    // the cursor on too); with 3 attempts allowed, a retry that went back to `bad` would show
-    // as more than one `bad` request per client request.
-    assert_eq!(bad.requests().len(), 10);
+    let first_on_bad = bad.requests().len();
+    assert!(first_on_bad >= 5, "{first_on_bad}");
     assert_eq!(good.requests().len(), 10);
-    assert_eq!(upstream_metric(&p, "ringway_upstream_retries_total"), 10.0);
+    assert_eq!(
+        upstream_metric(&p, "ringway_upstream_retries_total"),
+        first_on_bad as f64
+    );
 }
 
 #[test]
