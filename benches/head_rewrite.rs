@@ -53,6 +53,7 @@ fn bench(c: &mut Criterion) {
                 connection: None,
                 request_id: b"0123456789abcdef0123456789abcdef",
                 upgrade: false,
+                date: b"Tue, 01 Dec 2026 05:30:00 GMT",
             };
             write_response_head(black_box(RESPONSE), &resp, &edits, &mut out).unwrap();
         })

@@ -120,6 +120,42 @@ fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
 }
 
 #[test]
+fn a_relayed_response_without_a_date_gets_one_and_one_with_a_date_keeps_it() {
+    let origin = Origin::start(|r| {
+        if r.target == "/dated" {
+            Reply::Full(
+                200,
+                vec![("Date".into(), "Mon, 30 Nov 2026 01:02:03 GMT".into())],
+                b"d".to_vec(),
+            )
+        } else {
+            Reply::text(200, "u")
+        }
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    let mut c = proxy.connect();
+    let r = c.get("/undated");
+    let dates: Vec<&(String, String)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("date"))
+        .collect();
+    assert_eq!(dates.len(), 1, "{:?}", r.headers);
+    assert!(
+        dates[0].1.ends_with(" GMT") && dates[0].1.len() == 29,
+        "{dates:?}"
+    );
+    let r = c.get("/dated");
+    let dates: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("date"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(dates, ["Mon, 30 Nov 2026 01:02:03 GMT"]);
+}
+
+#[test]
 fn forwarded_headers_from_a_trusted_peer_are_appended() {
     let origin = Origin::ok("ok");
     let proxy = Proxy::to(

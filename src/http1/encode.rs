@@ -54,6 +54,9 @@ pub struct ResponseEdits<'a> {
     /// A 101 switching protocols: the response's Upgrade protocols go along, with
     /// `Connection: upgrade`.
     pub upgrade: bool,
+    /// The time now (an IMF-fixdate), for a response that carries no Date field: a proxy
+    /// with a clock adds it (RFC 9110 §6.6.1).
+    pub date: &'a [u8],
 }
 
 /// Writes the upstream request head for `head` (parsed from `src`) with `edits` into `out`.
@@ -130,7 +133,9 @@ pub fn write_response_head(
     out: &mut Block,
 ) -> Result<(), Full> {
     put_status_line(out, head.status, head.reason.get(src))?;
+    let mut dated = false;
     for h in &head.headers {
+        dated |= h.kind == HeaderKind::Date;
         let skip = h.hop
             || matches!(
                 h.kind,
@@ -139,6 +144,9 @@ pub fn write_response_head(
         if !skip {
             put_field(out, h.name.get(src), h.value.get(src))?;
         }
+    }
+    if !dated && !edits.date.is_empty() {
+        put_field(out, b"date", edits.date)?;
     }
     put_framing(out, edits.framing)?;
     if edits.upgrade {
@@ -278,12 +286,36 @@ mod tests {
             connection: Some(b"close"),
             request_id: b"rid",
             upgrade: false,
+            date: b"",
         };
         write_response_head(src, &head, &edits, &mut out).unwrap();
         assert_eq!(
             std::str::from_utf8(out.data()).unwrap(),
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\ntransfer-encoding: chunked\r\n\
              connection: close\r\nx-request-id: rid\r\n\r\n"
+        );
+        // The upstream's Date is kept, not doubled.
+        let src = b"HTTP/1.1 204 No Content\r\nDATE: Mon, 30 Nov 2026 01:02:03 GMT\r\n\r\n";
+        parse_response(src, 100, Method::Get, &mut head)
+            .unwrap()
+            .unwrap();
+        let mut out = pool.take();
+        let edits = ResponseEdits {
+            date: b"Tue, 01 Dec 2026 05:30:00 GMT",
+            connection: None,
+            framing: head.framing,
+            ..edits
+        };
+        write_response_head(src, &head, &edits, &mut out).unwrap();
+        let text = std::str::from_utf8(out.data()).unwrap();
+        let dates = text
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("date:"))
+            .count();
+        assert_eq!(dates, 1, "{text}");
+        assert!(
+            text.contains("DATE: Mon, 30 Nov 2026 01:02:03 GMT\r\n"),
+            "{text}"
         );
     }
 
@@ -354,11 +386,13 @@ mod tests {
             connection: None,
             request_id: b"rid",
             upgrade: true,
+            date: b"Tue, 01 Dec 2026 05:30:00 GMT",
         };
         write_response_head(src, &resp, &edits, &mut out).unwrap();
         assert_eq!(
             std::str::from_utf8(out.data()).unwrap(),
-            "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: a\r\nupgrade: websocket\r\n\
+            "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: a\r\n\
+             date: Tue, 01 Dec 2026 05:30:00 GMT\r\nupgrade: websocket\r\n\
              connection: upgrade\r\nx-request-id: rid\r\n\r\n"
         );
     }

@@ -152,6 +152,8 @@ pub enum HeaderKind {
     XRequestId,
     /// Forwarded (RFC 7239): kept from trusted peers only.
     Forwarded,
+    /// Date: added to a relayed response that lacks one (RFC 9110 §6.6.1).
+    Date,
     /// X-Forwarded-Host, X-Forwarded-Port, X-Forwarded-Prefix: what a backend builds its own
     /// URLs from; kept from trusted peers only (ringway sets none of them).
     XForwardedOrigin,
@@ -184,7 +186,7 @@ impl HeaderKind {
         // Dispatch on length first: one comparison for most names.
         let candidates: &[(&[u8], HeaderKind)] = match name.len() {
             2 => &[(b"te", HeaderKind::Te)],
-            4 => &[(b"host", HeaderKind::Host)],
+            4 => &[(b"host", HeaderKind::Host), (b"date", HeaderKind::Date)],
             6 => &[(b"expect", HeaderKind::Expect)],
             7 => &[(b"upgrade", HeaderKind::Upgrade)],
             9 => &[

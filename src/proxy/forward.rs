@@ -1601,11 +1601,13 @@ async fn switch_protocols(
     mut ubuf: Block,
 ) -> Relayed {
     let mut out = w.body_pool.take();
+    let date = w.date();
     let edits = ResponseEdits {
         framing: BodyFraming::None,
         connection: None,
         request_id: info.rid.as_bytes(),
         upgrade: true,
+        date: &date,
     };
     let written = write_response_head(ubuf.data(), &conn.resp, &edits, &mut out);
     ubuf.consume(conn.resp.len);
@@ -1702,11 +1704,13 @@ async fn relay_response(
     let upstream_keep_alive = resp.keep_alive;
 
     let mut out = w.pool.take();
+    let date = w.date();
     let edits = ResponseEdits {
         framing: out_framing,
         connection,
         request_id: info.rid.as_bytes(),
         upgrade: false,
+        date: &date,
     };
     if write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)

@@ -984,6 +984,10 @@ async fn relay(
             }
             put_field(&mut out, name.as_str().as_bytes(), value.as_bytes())?;
         }
+        // A proxy with a clock dates a response that comes without (RFC 9110 §6.6.1).
+        if !parts.headers.contains_key(http::header::DATE) {
+            put_field(&mut out, b"date", &w.date())?;
+        }
         let stated = crate::http1::bodiless_length_stated(info.method, status);
         match (out_framing, length) {
             (Out::Length, Some(n)) | (Out::None, Some(n))
