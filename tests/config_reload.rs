@@ -589,6 +589,23 @@ fn reserved_paths_can_be_left_to_the_routes_and_the_admin_listener_serves_them()
     assert!(body.contains("ringway_info{"), "{body}");
     assert_eq!(support::admin(admin, "GET", "/healthz").0, 200);
     assert_eq!(support::admin(admin, "GET", "/readyz").0, 200);
+    // A method a path does not take is a 405, not a 404.
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(support::admin(admin, "POST", path).0, 405, "{path}");
+    }
+    // A head over the admin bound (16 KiB, all of it read: nothing left for a reset) is a 431.
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    let mut big = String::from("GET /healthz HTTP/1.1\r\nx-big: ");
+    big.push_str(&"a".repeat(16 * 1024 - big.len()));
+    let _ = s.write_all(big.as_bytes());
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        got.starts_with(b"HTTP/1.1 431"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
     server.shutdown();
     server.join();
 }

@@ -89,6 +89,10 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         match parse_request(&buf[..len], &limits, &mut head) {
             Ok(Some(n)) => break n,
             Ok(None) if len < MAX_HEAD => continue,
+            _ if len >= MAX_HEAD => {
+                reply(&mut stream, 431, "{\"error\":{\"code\":\"head_too_large\",\"message\":\"admin request head too large\"}}");
+                return;
+            }
             _ => {
                 reply(&mut stream, 400, "{\"error\":{\"code\":\"bad_request\",\"message\":\"malformed admin request\"}}");
                 return;
@@ -149,7 +153,7 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
             reply(&mut stream, 503, "{\"status\":\"draining\"}")
         }
         (Method::Get, b"/readyz") => reply(&mut stream, 200, "{\"status\":\"ready\"}"),
-        (_, b"/-/upstreams") => reply(
+        (_, b"/-/upstreams" | b"/metrics" | b"/healthz" | b"/readyz") => reply(
             &mut stream,
             405,
             "{\"error\":{\"code\":\"method_not_allowed\",\"message\":\"use GET\"}}",
