@@ -25,6 +25,9 @@ use crate::upstream::state::EndpointState;
 /// How often the thread looks for probes that are due.
 const ROUND: Duration = Duration::from_millis(50);
 
+/// Most probe threads at a time (probes due together run in batches of this many).
+const PROBE_THREADS: usize = 64;
+
 /// Longest status line read from a probe's response.
 const MAX_STATUS_LINE: usize = 1024;
 
@@ -82,34 +85,43 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         tracks.retain(|k, _| seen.contains(k));
 
         if !due.is_empty() {
-            let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|s| {
-                let handles: Vec<_> = due
-                    .iter()
-                    .map(|(key, addr, authority, hc, _, tls)| {
-                        // A thread the system refuses (a pids limit) is a failed probe,
-                        // not the end of health checking.
-                        let spawned = std::thread::Builder::new()
-                            .name("ringway-probe".into())
-                            .spawn_scoped(s, move || probe(*addr, authority, hc, tls.as_deref()));
-                        (*key, spawned)
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|(key, h)| {
+            // Probes run on threads of their own, at most `PROBE_THREADS` at a time.
+            let mut results: Vec<(usize, Option<Result<(), String>>)> = Vec::new();
+            for batch in due.chunks(PROBE_THREADS) {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = batch
+                        .iter()
+                        .map(|(key, addr, authority, hc, _, tls)| {
+                            let spawned = std::thread::Builder::new()
+                                .name("ringway-probe".into())
+                                .spawn_scoped(s, move || {
+                                    probe(*addr, authority, hc, tls.as_deref())
+                                });
+                            (*key, spawned)
+                        })
+                        .collect();
+                    results.extend(handles.into_iter().map(|(key, h)| {
+                        // A thread the system refuses (a pids limit) says nothing about the
+                        // endpoint: no result (the probe is tried again at its next interval).
                         let r = match h {
-                            Ok(h) => h
-                                .join()
-                                .unwrap_or_else(|_| Err("health probe panicked".into())),
-                            Err(e) => Err(format!("no thread for the probe: {e}")),
+                            Ok(h) => Some(
+                                h.join()
+                                    .unwrap_or_else(|_| Err("health probe panicked".into())),
+                            ),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
+                                None
+                            }
                         };
                         (key, r)
-                    })
-                    .collect()
-            });
+                    }));
+                });
+            }
             for ((key, result), (_, addr, _, hc, name, _)) in results.into_iter().zip(&due) {
                 if let Some(t) = tracks.get_mut(&key) {
-                    apply(t, result, hc, name, *addr);
+                    if let Some(result) = result {
+                        apply(t, result, hc, name, *addr);
+                    }
                 }
             }
         }
