@@ -331,6 +331,45 @@ fn retry_setup(status: u16, retries: &str) -> (Origin, Origin, Proxy) {
 }
 
 #[test]
+fn a_refused_reconnect_after_a_stale_pooled_connection_is_a_connect_failure() {
+    // `gone` answers one request, then closes its listener and the connection: the pooled
+    // connection is stale, and connecting again is refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match std::io::Read::read(&mut s, &mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        drop(listener);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ngone");
+        drop(s);
+    });
+    let good = Origin::ok("good");
+    // `gone` weighs 3, so the first two requests go to it.
+    let p = proxy_over(
+        "workers = 1",
+        &[
+            format!("{{ address = \"{gone}\", weight = 3 }}"),
+            format!("\"{}\"", good.addr),
+        ],
+        "balancer = \"round_robin\"\noutlier = { consecutive_failures = 0 }\n\
+         retries = { attempts = 2, retry_on = [\"connect_failure\"], backoff_base = \"1ms\", backoff_max = \"2ms\" }",
+    );
+    let mut c = p.connect();
+    assert_eq!(c.get("/").text(), "gone");
+    // At once (a pooled connection idle under 10 ms is reused unchecked): the request finds
+    // it closed, the new connection is refused, and that is a connect failure, retried.
+    let r = c.get("/");
+    assert_eq!((r.status, r.text().as_str()), (200, "good"));
+}
+
+#[test]
 fn a_retry_goes_to_a_different_endpoint() {
     let bad = Origin::start(|_| Reply::text(503, "bad"));
     let good = Origin::ok("good");

@@ -371,17 +371,9 @@ async fn acquire(
                         // Taken by another worker meanwhile: the token is not spent.
                         up.unpick(&ep, Instant::now(), w.shared.epoch);
                     }
-                    Err(ConnectError::Failed(e)) => {
+                    Err(e) => {
                         tried.add(&ep);
-                        let err = Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
-                            .with_cause(format!("connect to {}: {e}", ep.addr()));
-                        return Err(AcquireFail::Connect(inflight, err));
-                    }
-                    Err(ConnectError::TimedOut) => {
-                        tried.add(&ep);
-                        let err = Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
-                            .with_cause(format!("connect to {} timed out", ep.addr()));
-                        return Err(AcquireFail::Connect(inflight, err));
+                        return Err(AcquireFail::Connect(inflight, connect_error(&ep, e)));
                     }
                 }
             }
@@ -890,19 +882,28 @@ pub(super) async fn collect_body(
 /// A new connection to send a request again on, its stale predecessor dropped first (so that
 /// a connection cap counts its slot as free); otherwise how the exchange ends: `failed` (the
 /// stale connection's error) when connecting fails, a local refusal at the cap.
-async fn reconnect(
-    w: &Worker,
-    up: &UpstreamRt,
-    inflight: &InFlight,
-    failed: Error,
-) -> Result<UpConn, Exchange> {
-    match up.connect(inflight.endpoint(), true, false, w.now()).await {
+async fn reconnect(w: &Worker, up: &UpstreamRt, inflight: &InFlight) -> Result<UpConn, Exchange> {
+    let ep = inflight.endpoint();
+    match up.connect(ep, true, false, w.now()).await {
         Ok(c) => Ok(c),
         Err(ConnectError::Busy) => Err(Exchange::Local(Error::new(
             ErrorKind::UpstreamSaturated,
             Side::Internal,
         ))),
-        Err(_) => Err(Exchange::Failed(failed)),
+        // The connect's own failure (a refused or timed-out connect, retried as one), not
+        // the stale connection's close.
+        Err(e) => Err(Exchange::Failed(connect_error(ep, e))),
+    }
+}
+
+/// The error of a failed connect to `ep` (`Busy` is no failure: callers wait or refuse).
+fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
+    match e {
+        ConnectError::TimedOut => Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
+            .with_cause(format!("connect to {} timed out", ep.addr())),
+        ConnectError::Failed(e) => Error::new(ErrorKind::UpstreamConnect, Side::Upstream)
+            .with_cause(format!("connect to {}: {e}", ep.addr())),
+        ConnectError::Busy => Error::new(ErrorKind::UpstreamSaturated, Side::Internal),
     }
 }
 
@@ -984,7 +985,7 @@ async fn exchange(
             if !fresh && resend_ok && err.kind().retryable(true) {
                 tracing::debug!(endpoint = %upc.addr(), "stale pooled connection; sending again on a new one");
                 drop(upc);
-                match reconnect(w, up, inflight, err).await {
+                match reconnect(w, up, inflight).await {
                     Ok(c) => {
                         upc = c;
                         fresh = true;
@@ -1065,7 +1066,7 @@ async fn exchange(
                 if !fresh && resend_ok && ((!got_bytes && error.kind().retryable(true)) || stray) {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
                     drop(upc);
-                    match reconnect(w, up, inflight, error).await {
+                    match reconnect(w, up, inflight).await {
                         Ok(c) => {
                             upc = c;
                             fresh = true;
