@@ -365,6 +365,35 @@ fn a_shutdown_takes_no_queued_connection_beyond_the_cap() {
 }
 
 #[test]
+fn a_shutdown_takes_queued_connections_as_draining_ones_make_room() {
+    let origin = Origin::ok("ok");
+    let mut proxy = Proxy::to(origin.addr, "workers = 1\n[http]\nmax_connections = 1\n");
+    // An idle keep-alive connection holds the only place.
+    let mut idle = proxy.connect();
+    assert_eq!(idle.get("/").status, 200);
+    let mut queued = std::net::TcpStream::connect(proxy.addr).unwrap();
+    queued
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    queued
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let server = proxy.server.take().unwrap();
+    server.shutdown();
+    // The idle connection closes on the drain, which makes room for the queued one.
+    let mut got = Vec::new();
+    let _ = queued.read_to_end(&mut got);
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    server.join();
+    drop(idle);
+}
+
+#[test]
 fn sighup_reloads_the_config_file() {
     let listen = free_port();
     let path = temp_config(

@@ -144,9 +144,17 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
     }
     // Connections the kernel already queued on this socket would be reset when it closes:
     // take them and answer their first request (with `Connection: close` when draining),
-    // as many as the connection cap leaves room for (the rest are reset, as at any cap).
+    // as the connection cap leaves room (draining connections close and make it; what is
+    // still queued at the end is reset, as at any cap).
     let drain_until = Instant::now() + BACKLOG_DRAIN_TOTAL;
-    while Instant::now() < drain_until && !w.at_capacity() {
+    while Instant::now() < drain_until {
+        if w.at_capacity() {
+            let left = drain_until.saturating_duration_since(Instant::now());
+            if monoio::time::timeout(left, w.slots.wait()).await.is_err() {
+                break;
+            }
+            continue;
+        }
         let canceller = monoio::io::Canceller::new();
         let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
         match monoio::time::timeout(BACKLOG_DRAIN_WAIT, accept.as_mut()).await {
