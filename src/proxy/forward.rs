@@ -348,7 +348,9 @@ enum AcquireFail {
 }
 
 /// Picks an endpoint and gets a connection to it; waits (as one of `max_pending`) while
-/// every endpoint is at its connection limit, unless the client goes (`gone`).
+/// every endpoint is at its connection limit, unless the client goes (`gone`). With the
+/// connection comes when the endpoint was picked (its latency counts from there: a connect
+/// is the endpoint's, a wait for a slot is not).
 async fn acquire(
     w: &Worker,
     up: &UpstreamRt,
@@ -356,16 +358,17 @@ async fn acquire(
     replayable: bool,
     tried: &mut Tried,
     gone: Option<&ClientGone<'_>>,
-) -> Result<(InFlight, UpConn), AcquireFail> {
+) -> Result<(InFlight, UpConn, Instant), AcquireFail> {
     let mut wait = SlotWait::default();
     loop {
-        match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
+        let now = Instant::now();
+        match up.pick(key, tried, w.now_ms(), now, w.shared.epoch) {
             Ok(ep) => {
                 let inflight = ep.begin(w.id);
-                match up.connect(&ep, false, replayable, Instant::now()).await {
+                match up.connect(&ep, false, replayable, now).await {
                     Ok(c) => {
                         tried.add(&ep);
-                        return Ok((inflight, c));
+                        return Ok((inflight, c, now));
                     }
                     Err(ConnectError::Busy) => {
                         // Taken by another worker meanwhile: the token is not spent.
@@ -636,7 +639,7 @@ pub(super) async fn proxy(
         let gone = queue_watch(w, cg, conn, streamed);
         let acquired = acquire(w, up, key, replayable, &mut tried, gone.as_ref()).await;
         drop(gone);
-        let (inflight, upc) = match acquired {
+        let (inflight, upc, started) = match acquired {
             Ok(x) => x,
             Err(AcquireFail::ClientGone) => {
                 conn.consume_head(head_len);
@@ -668,9 +671,8 @@ pub(super) async fn proxy(
                 return fail(w, cg, conn, info, err, !bstate.done).await;
             }
         };
-        // An endpoint's latency: from here (not from a wait for a connection slot), or from
-        // the end of a streamed body, to the response head.
-        let started = Instant::now();
+        // An endpoint's latency runs from its pick (`started`: a connect counts, a wait for a
+        // connection slot does not), or from the end of a streamed body, to the response head.
 
         let head_deadline = |w: &Worker| {
             let d = w.now() + try_timeout;

@@ -170,7 +170,8 @@ async fn send_all(
 /// there is no stream on it (a failed connect); `Err` when there is no endpoint to try, or
 /// every one stayed at its limit as long as a request may wait (like an HTTP/1.1 request's
 /// wait for a connection: a worker without a connection of its own waits for the cap across
-/// workers to let it open one). `Err(None)`: the client went while the request waited.
+/// workers to let it open one), and when the endpoint was picked. `Err(None)`: the client
+/// went while the request waited.
 #[allow(clippy::type_complexity)]
 async fn acquire(
     w: &Worker,
@@ -183,18 +184,20 @@ async fn acquire(
         Rc<EndpointRt>,
         InFlight,
         Result<(h2::client::SendRequest<Bytes>, StreamSlot), Error>,
+        Instant,
     ),
     Option<PickError>,
 > {
     let mut wait = SlotWait::default();
     loop {
-        match up.pick(key, tried, w.now_ms(), Instant::now(), w.shared.epoch) {
+        let now = Instant::now();
+        match up.pick(key, tried, w.now_ms(), now, w.shared.epoch) {
             Ok(ep) => {
                 let inflight = ep.begin(w.id);
                 let err = match up.h2_stream(&ep, w.pool.block_size()).await {
                     Ok(stream) => {
                         tried.add(&ep);
-                        return Ok((ep, inflight, Ok(stream)));
+                        return Ok((ep, inflight, Ok(stream), now));
                     }
                     Err(ConnectError::Busy) => {
                         // At the cap across workers, or every stream taken: wait (the token
@@ -212,7 +215,7 @@ async fn acquire(
                 };
                 if let Some(err) = err {
                     tried.add(&ep);
-                    return Ok((ep, inflight, Err(err)));
+                    return Ok((ep, inflight, Err(err), now));
                 }
             }
             Err(PickError::NoEndpoints) => return Err(Some(PickError::NoEndpoints)),
@@ -515,7 +518,7 @@ pub(super) async fn proxy(
         let gone = super::forward::queue_watch(w, cg, conn, streamed);
         let acquired = acquire(w, up, plan.key, &mut tried, gone.as_ref()).await;
         drop(gone);
-        let (ep, inflight, picked) = match acquired {
+        let (ep, inflight, picked, started) = match acquired {
             Ok(x) => x,
             Err(None) => {
                 conn.consume_head(head_len);
@@ -540,9 +543,8 @@ pub(super) async fn proxy(
                 .await;
             }
         };
-        // An endpoint's latency: from here (not from a wait for a stream slot or a
-        // connection), or from the end of a streamed body, to the response head.
-        let started = Instant::now();
+        // An endpoint's latency runs from its pick (`started`: a connect counts, a wait for a
+        // stream slot does not), or from the end of a streamed body, to the response head.
         let outcome: Attempt = 'attempt: {
             let (sender, slot) = match picked {
                 Ok(x) => x,
@@ -718,6 +720,7 @@ pub(super) async fn proxy(
                     Either::Left((r, rbuf)) => {
                         conn.rbuf = rbuf;
                         body_read = r.is_ok();
+                        body_sent_at = Some(Instant::now());
                         if let Err(e) = r {
                             if e.side() != Side::Upstream {
                                 break 'attempt Attempt::Client(e);
