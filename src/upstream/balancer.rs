@@ -100,6 +100,9 @@ fn ring(keys: &[(String, u32)]) -> Vec<(u64, u32)> {
 #[derive(Debug)]
 pub struct Balancer {
     kind: BalancerConfig,
+    /// Where this worker's rotations break ties (its id): workers do not all start on the
+    /// first endpoint.
+    start: usize,
     rng: Cell<u64>,
     /// Consistent-hash ring: (point, endpoint index), sorted by point.
     ring: Vec<(u64, u32)>,
@@ -129,6 +132,7 @@ impl Balancer {
         };
         Balancer {
             kind: kind.clone(),
+            start: worker,
             rng: Cell::new(mix(0x9e37_79b9_7f4a_7c15 ^ worker as u64) | 1),
             ring,
             cumulative,
@@ -216,9 +220,11 @@ impl Balancer {
         eps: &E,
         mut candidate: impl FnMut(usize) -> bool,
     ) -> Option<usize> {
+        let n = eps.len();
         let mut total = 0i64;
         let mut best: Option<usize> = None;
-        for i in 0..eps.len() {
+        for d in 0..n {
+            let i = (self.start + d) % n;
             if !candidate(i) {
                 continue;
             }
@@ -241,37 +247,41 @@ impl Balancer {
     /// weight (nginx's `least_conn`), so light traffic is shared rather than sent to the first.
     fn pick_least<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
         let load = |i: usize| (u64::from(eps.in_flight(i)), u64::from(eps.weight(i).max(1)));
-        let mut best: Option<(u64, u64)> = None;
+        let mut best: Option<(u64, u64, usize)> = None;
         for i in 0..eps.len() {
             if !eps.eligible(i) {
                 continue;
             }
             let (c, w) = load(i);
-            if best.is_none_or(|(bc, bw)| c * bw < bc * w) {
-                best = Some((c, w));
+            if best.is_none_or(|(bc, bw, _)| c * bw < bc * w) {
+                best = Some((c, w, i));
             }
         }
-        let (bc, bw) = best?;
+        let (bc, bw, first) = best?;
+        // (Eligibility reads other workers' counts: should the tied ones all drop out between
+        // the two passes, the first found stands.)
         self.smooth(eps, |i| {
             eps.eligible(i) && {
                 let (c, w) = load(i);
                 c * bw == bc * w
             }
         })
+        .or(Some(first))
     }
 
-    /// Power of two choices: two distinct endpoints drawn in proportion to weight, the
-    /// eligible one with the lower peak-EWMA latency × (in-flight + 1) / weight wins; when
-    /// neither is eligible, the eligible ones take turns.
+    /// Power of two choices: two distinct endpoints at random, the eligible one with the
+    /// lower peak-EWMA latency × (in-flight + 1) / weight wins (weight counts once: as the
+    /// capacity the cost is divided by); when neither is eligible, the eligible ones take
+    /// turns.
     fn pick_p2c<E: Endpoints + ?Sized>(&self, eps: &E) -> Option<usize> {
         let n = eps.len();
         if n == 1 {
             return eps.eligible(0).then_some(0);
         }
-        let a = self.place(n, self.random());
-        let mut b = self.place(n, self.random());
-        if b == a {
-            b = (a + 1 + (self.random() % (n as u64 - 1)) as usize) % n;
+        let a = (self.random() % n as u64) as usize;
+        let mut b = (self.random() % (n as u64 - 1)) as usize;
+        if b >= a {
+            b += 1;
         }
         let cost = |i: usize| {
             eps.latency_ns(i).max(1.0) * f64::from(eps.in_flight(i) + 1)
@@ -446,20 +456,15 @@ mod tests {
     }
 
     #[test]
-    fn p2c_draws_in_proportion_to_weight() {
-        // Three endpoints, weights 1 : 1 : 8; the draws decide where equal costs go.
+    fn rotations_start_at_the_workers_own_place_and_p2c_falls_back_to_them() {
         let mut f = Fake::new(3);
-        f.weights = vec![1, 1, 8];
-        let w: Vec<(String, u32)> = (0..3)
-            .map(|i| (format!("10.0.0.{i}:80"), f.weights[i]))
-            .collect();
-        let b = Balancer::new(&BalancerConfig::P2cEwma, 0, &w);
-        // Cost ignores weight here (latency scaled to cancel it): only the draws matter.
-        f.latency = vec![1_000.0, 1_000.0, 8_000.0];
-        let c = counts(&b, &f, 10_000);
-        // Endpoint 2 is drawn first about 8/10 of the time, and wins ties as the first draw.
-        assert!(c[2] > 7_000, "{c:?}");
+        for worker in 0..3 {
+            let rr = Balancer::new(&BalancerConfig::RoundRobin, worker, &keys(3));
+            let fresh = Fake::new(3);
+            assert_eq!(rr.pick(&fresh, None), Some(worker), "worker {worker}");
+        }
         // Neither sample eligible: the eligible ones take turns.
+        let b = Balancer::new(&BalancerConfig::P2cEwma, 0, &keys(3));
         f.eligible = vec![true, false, false];
         assert_eq!(counts(&b, &f, 50), [50, 0, 0]);
     }
