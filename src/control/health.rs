@@ -85,41 +85,41 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         tracks.retain(|k, _| seen.contains(k));
 
         if !due.is_empty() {
-            // Probes run on threads of their own, at most `PROBE_THREADS` at a time.
-            let mut results: Vec<(usize, Option<Result<(), String>>)> = Vec::new();
+            // Probes run on threads of their own, at most `PROBE_THREADS` at a time; each
+            // batch's results apply as it ends, and a shutdown is not held up by the rest.
             for batch in due.chunks(PROBE_THREADS) {
-                std::thread::scope(|s| {
+                if stop.load(Ordering::Acquire) || shared.is_draining() {
+                    break;
+                }
+                let results: Vec<Option<Result<(), String>>> = std::thread::scope(|s| {
                     let handles: Vec<_> = batch
                         .iter()
-                        .map(|(key, addr, authority, hc, _, tls)| {
-                            let spawned = std::thread::Builder::new()
+                        .map(|(_, addr, authority, hc, _, tls)| {
+                            std::thread::Builder::new()
                                 .name("ringway-probe".into())
                                 .spawn_scoped(s, move || {
                                     probe(*addr, authority, hc, tls.as_deref())
-                                });
-                            (*key, spawned)
+                                })
                         })
                         .collect();
-                    results.extend(handles.into_iter().map(|(key, h)| {
-                        // A thread the system refuses (a pids limit) says nothing about the
-                        // endpoint: no result (the probe is tried again at its next interval).
-                        let r = match h {
+                    handles
+                        .into_iter()
+                        .map(|h| match h {
                             Ok(h) => Some(
                                 h.join()
                                     .unwrap_or_else(|_| Err("health probe panicked".into())),
                             ),
+                            // A thread the system refuses (a pids limit) says nothing about
+                            // the endpoint: no result (tried again at its next interval).
                             Err(e) => {
                                 tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
                                 None
                             }
-                        };
-                        (key, r)
-                    }));
+                        })
+                        .collect()
                 });
-            }
-            for ((key, result), (_, addr, _, hc, name, _)) in results.into_iter().zip(&due) {
-                if let Some(t) = tracks.get_mut(&key) {
-                    if let Some(result) = result {
+                for (result, (key, addr, _, hc, name, _)) in results.into_iter().zip(batch) {
+                    if let (Some(result), Some(t)) = (result, tracks.get_mut(key)) {
                         apply(t, result, hc, name, *addr);
                     }
                 }
