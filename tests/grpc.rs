@@ -30,6 +30,16 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// `/echo.Svc/Stream` sends three messages 50 ms apart; `/echo.Svc/Slow` waits 2 s; anything
 /// else is a plain 200 with a trailer `x-done: yes`. Each answer carries `x-te` and
 /// `x-grpc-timeout` as the origin saw them.
+/// Nothing was counted against an upstream.
+fn assert_no_upstream_failures(addr: SocketAddr) {
+    let m = metrics(addr);
+    assert!(
+        m.iter()
+            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
+        "{m:?}"
+    );
+}
+
 fn h2_origin() -> SocketAddr {
     tokio_server(|tcp| async move {
         let Ok(mut conn) = h2::server::handshake(tcp).await else {
@@ -331,12 +341,7 @@ fn a_client_cancelling_a_bidirectional_call_does_not_count_against_the_upstream(
             "the circuit opened"
         );
     });
-    let m = metrics(proxy.addr);
-    assert!(
-        m.iter()
-            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
-        "{m:?}"
-    );
+    assert_no_upstream_failures(proxy.addr);
 }
 
 #[test]
@@ -391,12 +396,7 @@ fn an_h2_clients_reset_while_a_quiet_response_streams_reaches_the_upstream_at_on
         after < Duration::from_secs(1),
         "reset reached the upstream after {after:?}"
     );
-    let m = metrics(proxy.addr);
-    assert!(
-        m.iter()
-            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
-        "{m:?}"
-    );
+    assert_no_upstream_failures(proxy.addr);
 }
 
 #[test]
@@ -449,12 +449,7 @@ fn a_content_length_list_reaches_an_h2_upstream_as_one_value() {
         assert_eq!(r.status, 200, "{length:?}: {}", r.text());
         assert_eq!(r.text(), "plain POST 5");
     }
-    let m = metrics(proxy.addr);
-    assert!(
-        m.iter()
-            .all(|(k, v)| !k.starts_with("ringway_upstream_failures_total") || *v == 0.0),
-        "{m:?}"
-    );
+    assert_no_upstream_failures(proxy.addr);
 }
 
 #[test]
