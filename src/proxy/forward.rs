@@ -372,7 +372,7 @@ async fn acquire(
                     }
                     Err(ConnectError::Busy) => {
                         // Taken by another worker meanwhile: the token is not spent.
-                        up.unpick(&ep, Instant::now(), w.shared.epoch);
+                        up.unpick(&ep, now, w.shared.epoch);
                     }
                     Err(e) => {
                         tried.add(&ep);
@@ -899,7 +899,7 @@ async fn reconnect(w: &Worker, up: &UpstreamRt, inflight: &InFlight) -> Result<U
 }
 
 /// The error of a failed connect to `ep` (`Busy` is no failure: callers wait or refuse).
-fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
+pub(super) fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
     match e {
         ConnectError::TimedOut => Error::new(ErrorKind::UpstreamConnectTimeout, Side::Upstream)
             .with_cause(format!("connect to {} timed out", ep.addr())),

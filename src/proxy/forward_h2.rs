@@ -202,16 +202,10 @@ async fn acquire(
                     Err(ConnectError::Busy) => {
                         // At the cap across workers, or every stream taken: wait (the token
                         // is not spent).
-                        up.unpick(&ep, Instant::now(), w.shared.epoch);
+                        up.unpick(&ep, now, w.shared.epoch);
                         None
                     }
-                    Err(ConnectError::TimedOut) => Some(Error::new(
-                        ErrorKind::UpstreamConnectTimeout,
-                        Side::Upstream,
-                    )),
-                    Err(ConnectError::Failed(io)) => {
-                        Some(Error::new(ErrorKind::UpstreamConnect, Side::Upstream).with_cause(io))
-                    }
+                    Err(e) => Some(super::forward::connect_error(&ep, e)),
                 };
                 if let Some(err) = err {
                     tried.add(&ep);
