@@ -135,8 +135,9 @@ where
     F: std::future::Future + 'static,
     F::Output: 'static,
 {
-    // Written through the uninitialized box, the future is built next to where it lives:
-    // `make` only stores its arguments (an async fn's unresumed state).
+    // Written through the uninitialized box. When `make` calls a function that is not
+    // inlined (see `h2::stream_task`), that call writes the future straight into the box;
+    // an inlined one builds it on the stack first and the write copies it whole.
     let mut slot = Box::<F>::new_uninit();
     slot.write(make());
     // SAFETY: `slot` was initialized by the write just above.
