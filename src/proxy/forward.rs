@@ -19,6 +19,7 @@
 
 use std::io as stdio;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -762,7 +763,10 @@ pub(super) async fn proxy(
     drop(retry_slot);
 
     let status = conn.resp.status;
-    let relayed = relay_response(
+    // Built in place (`pin!`), as the exchange's other large steps: a future awaited by
+    // value is put together on the stack and copied into this one's state, 1.5–4 KiB per
+    // request each.
+    let relayed = pin!(relay_response(
         w,
         cg,
         conn,
@@ -772,7 +776,7 @@ pub(super) async fn proxy(
         &mut upc,
         ubuf,
         bstate,
-    )
+    ))
     .await;
     let ep = inflight.endpoint().clone();
     let outcome = if status >= 500 {
@@ -865,7 +869,7 @@ pub(super) async fn collect_body(
         rbuf.compact();
         rbuf.limit_next_read(n - body.len());
         let deadline = w.now() + cg.gen.http.body_timeout;
-        let (res, b) = read_by(&mut conn.stream, rbuf, deadline, &w.pool).await;
+        let (res, b) = pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await;
         conn.rbuf = Some(b);
         match res {
             Ok(0) => {
@@ -980,7 +984,7 @@ async fn exchange(
         }
 
         let deadline = w.now() + cg.gen.http.send_timeout;
-        let (res, buf) = write_all_by(&mut upc.write, ubuf, deadline, &w.pool).await;
+        let (res, buf) = pin!(write_all_by(&mut upc.write, ubuf, deadline, &w.pool)).await;
         let mut ubuf = buf;
         if let Err(e) = res {
             let err = Error::upstream_io(e);
@@ -1002,7 +1006,7 @@ async fn exchange(
 
         let mut all_sent = true;
         let result = if !rest.is_empty() {
-            let (result, sent) = send_rest_and_read_head(
+            let (result, sent) = pin!(send_rest_and_read_head(
                 w,
                 &mut upc,
                 rest,
@@ -1012,12 +1016,12 @@ async fn exchange(
                 info.method,
                 head_deadline,
                 gone.as_ref(),
-            )
+            ))
             .await;
             all_sent = sent;
             result
         } else if bstate.done {
-            read_response_head(
+            pin!(read_response_head(
                 w,
                 &mut upc.read,
                 ubuf,
@@ -1025,10 +1029,10 @@ async fn exchange(
                 info.method,
                 Some(head_deadline(w)),
                 gone.as_ref(),
-            )
+            ))
             .await
         } else {
-            match send_body_and_read_head(
+            match pin!(send_body_and_read_head(
                 w,
                 cg,
                 conn,
@@ -1038,7 +1042,7 @@ async fn exchange(
                 head_deadline,
                 max_body,
                 gone.as_ref(),
-            )
+            ))
             .await
             {
                 BodyOutcome::Sent(result, at) => {
@@ -1132,7 +1136,7 @@ async fn write_bytes(
         let n = bytes.len().min(b.spare());
         let _ = b.put(&bytes[..n]);
         bytes = &bytes[n..];
-        let (res, _) = write_all_by(up, b, deadline, &w.body_pool).await;
+        let (res, _) = pin!(write_all_by(up, b, deadline, &w.body_pool)).await;
         res?;
     }
     Ok(())
@@ -1377,7 +1381,7 @@ async fn pump_request_body(
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
             let deadline = w.now() + http.body_timeout;
-            let (res, b) = read_by(client, buf, deadline, &w.pool).await;
+            let (res, b) = pin!(read_by(client, buf, deadline, &w.pool)).await;
             buf = b;
             match res {
                 Ok(0) => {
@@ -1419,7 +1423,7 @@ async fn pump_request_body(
             return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
         }
         let deadline = w.now() + http.send_timeout;
-        let (res, mut b) = write_front_by(up, buf, n, deadline, &w.pool).await;
+        let (res, mut b) = pin!(write_front_by(up, buf, n, deadline, &w.pool)).await;
         if let Err(e) = res {
             *rbuf = Some(b);
             return Err(Error::upstream_io(e));
@@ -1520,7 +1524,7 @@ async fn read_response_head(
         }
         let mut read = std::pin::pin!(async {
             match deadline {
-                Some(d) => read_by(up, ubuf, d, &w.pool).await,
+                Some(d) => pin!(read_by(up, ubuf, d, &w.pool)).await,
                 None => {
                     use monoio::io::AsyncReadRent;
                     up.read(ubuf).await
@@ -1623,7 +1627,7 @@ async fn switch_protocols(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(101);
-    let (res, _) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+    let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
         return Relayed {
             reuse: None,
@@ -1742,7 +1746,7 @@ async fn relay_response(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(status);
-    let (res, _out) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+    let (res, _out) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
         return Relayed {
             reuse: None,
@@ -1908,7 +1912,7 @@ impl RelayState {
                 };
                 if n > 0 {
                     let deadline = w.now() + send_timeout;
-                    let (res, b) = write_front_by(client, ubuf, n, deadline, &w.pool).await;
+                    let (res, b) = pin!(write_front_by(client, ubuf, n, deadline, &w.pool)).await;
                     ubuf = b;
                     res.map_err(Error::client_io)?;
                     add(&w.metrics().bytes_out, n as u64);
@@ -1923,7 +1927,7 @@ impl RelayState {
             // Content-Length in the same write show up here as leftovers, and the
             // connection is not reused (they would pass for the next request's response).
             let deadline = w.now() + read_timeout;
-            let (res, b) = read_by(up, ubuf, deadline, &w.pool).await;
+            let (res, b) = pin!(read_by(up, ubuf, deadline, &w.pool)).await;
             ubuf = b;
             match res {
                 Ok(0) if relay == Relay::UntilClose => return Ok(0),

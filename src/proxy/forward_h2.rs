@@ -11,7 +11,7 @@
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -340,7 +340,7 @@ async fn pump_body<S: AsyncReadRent>(
             } else {
                 w.now() + cg.gen.http.body_timeout
             };
-            let (res, b) = read_by(stream, buf, deadline, &w.pool).await;
+            let (res, b) = pin!(read_by(stream, buf, deadline, &w.pool)).await;
             buf = b;
             match res {
                 Ok(0) => {
@@ -1017,7 +1017,7 @@ async fn relay(
     }
     w.metrics().response(status);
     let deadline = w.now() + cg.gen.http.send_timeout;
-    let (res, _) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+    let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
         return (false, None);
     }
@@ -1120,7 +1120,7 @@ async fn relay(
             );
         }
         let deadline = w.now() + cg.gen.http.send_timeout;
-        let (res, _) = write_all_by(&mut conn.stream, end, deadline, &w.pool).await;
+        let (res, _) = pin!(write_all_by(&mut conn.stream, end, deadline, &w.pool)).await;
         if res.is_err() {
             return (false, None);
         }
@@ -1154,7 +1154,7 @@ async fn write_piece(
             let _ = b.put(b"\r\n");
         }
         let len = b.len() as u64;
-        let (res, _) = write_all_by(&mut conn.stream, b, deadline, &w.body_pool).await;
+        let (res, _) = pin!(write_all_by(&mut conn.stream, b, deadline, &w.body_pool)).await;
         res.map_err(|_| ())?;
         add(&w.metrics().bytes_out, len);
     }
@@ -1200,7 +1200,7 @@ async fn grpc_end(
         return cut_short(w, conn, info, e);
     }
     let deadline = w.now() + cg.gen.http.send_timeout;
-    let _ = write_all_by(&mut conn.stream, end, deadline, &w.pool).await;
+    let _ = pin!(write_all_by(&mut conn.stream, end, deadline, &w.pool)).await;
     (false, class)
 }
 

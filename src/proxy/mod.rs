@@ -18,6 +18,7 @@ pub mod respond;
 pub mod tunnel;
 
 use std::net::{IpAddr, SocketAddr};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -428,16 +429,17 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
         let idle_timeout = http.idle_timeout;
         drop(cg);
         let (res, buf) = match head_deadline {
-            Some(deadline) => read_by(&mut conn.stream, rbuf, deadline, &w.pool).await,
+            Some(deadline) => pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await,
             None => {
                 // An idle keep-alive connection: closed on shutdown.
                 if w.draining() {
                     return HeadRead::Closed;
                 }
                 let deadline = w.now() + idle_timeout;
+                // Pinned here: `or_event` would move a future given by value.
                 match or_event(
                     &w.shutdown,
-                    read_by(&mut conn.stream, rbuf, deadline, &w.pool),
+                    pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)),
                 )
                 .await
                 {
@@ -734,7 +736,7 @@ async fn discard_body(
             if remaining != u64::MAX {
                 rbuf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
             }
-            let (res, buf) = read_by(&mut conn.stream, rbuf, deadline, &w.pool).await;
+            let (res, buf) = pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await;
             rbuf = buf;
             match res {
                 Ok(0) | Err(_) => {
@@ -795,7 +797,7 @@ async fn linger_close(w: &Worker, mut conn: ClientConn) {
     let mut total = 0;
     while total < LINGER_MAX_BYTES {
         buf.clear();
-        let (res, b) = read_by(&mut conn.stream, buf, deadline, &w.pool).await;
+        let (res, b) = pin!(read_by(&mut conn.stream, buf, deadline, &w.pool)).await;
         buf = b;
         match res {
             Ok(0) | Err(_) => break,
