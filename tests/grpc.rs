@@ -26,10 +26,6 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// An h2c origin: `/echo.Svc/Unary` answers with the request's frames and grpc-status 0;
-/// `/echo.Svc/Stream` sends three messages 50 ms apart; `/echo.Svc/Slow` waits 2 s; anything
-/// else is a plain 200 with a trailer `x-done: yes`. Each answer carries `x-te` and
-/// `x-grpc-timeout` as the origin saw them.
 /// Nothing was counted against an upstream.
 fn assert_no_upstream_failures(addr: SocketAddr) {
     let m = metrics(addr);
@@ -40,6 +36,10 @@ fn assert_no_upstream_failures(addr: SocketAddr) {
     );
 }
 
+/// An h2c origin: `/echo.Svc/Unary` answers with the request's frames and grpc-status 0;
+/// `/echo.Svc/Stream` sends three messages 50 ms apart; `/echo.Svc/Slow` waits 2 s; anything
+/// else is a plain 200 with a trailer `x-done: yes`. Each answer carries `x-te` and
+/// `x-grpc-timeout` as the origin saw them.
 fn h2_origin() -> SocketAddr {
     tokio_server(|tcp| async move {
         let Ok(mut conn) = h2::server::handshake(tcp).await else {
