@@ -20,7 +20,6 @@ pub mod io;
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -56,8 +55,8 @@ const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 /// Where an HTTP/2 connection came from.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
-    /// The client's address.
-    pub peer: SocketAddr,
+    /// The client.
+    pub peer: crate::proxy::Peer,
     /// The TLS SNI name, if any.
     pub sni: Option<Rc<str>>,
     /// Over TLS.
@@ -88,7 +87,7 @@ where
     let mut conn = match handshake {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
-            tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 handshake failed");
+            tracing::debug!(peer = %info.peer.addr, error = %e, "HTTP/2 handshake failed");
             return;
         }
         Err(_) => return,
@@ -152,7 +151,7 @@ where
                 });
             }
             Next::Stream(Some(Err(e))) => {
-                tracing::debug!(peer = %info.peer, error = %e, "HTTP/2 connection error");
+                tracing::debug!(peer = %info.peer.addr, error = %e, "HTTP/2 connection error");
                 break;
             }
             Next::Stream(None) => break,

@@ -140,7 +140,30 @@ impl Offered {
     }
 }
 
-/// The peer IP as text, formatted once per connection.
+/// The client's address as the request path uses it: the IP (an IPv4-mapped IPv6 address as
+/// IPv4) and its text for forwarded headers, worked out once per connection (for HTTP/2 once
+/// per connection, not per stream).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The socket address, for logs.
+    pub addr: SocketAddr,
+    ip: IpAddr,
+    text: PeerText,
+}
+
+impl Peer {
+    /// The client at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_canonical();
+        Peer {
+            addr,
+            ip,
+            text: PeerText::new(ip),
+        }
+    }
+}
+
+/// The peer IP as text.
 #[derive(Debug, Clone, Copy)]
 struct PeerText {
     bytes: [u8; 48],
@@ -149,11 +172,38 @@ struct PeerText {
 
 impl PeerText {
     fn new(ip: IpAddr) -> Self {
-        use std::io::Write;
         let mut bytes = [0u8; 48];
-        let mut cursor = &mut bytes[..];
-        let _ = write!(cursor, "{ip}");
-        let len = 48 - cursor.len();
+        let len = match ip {
+            // By hand: `Display` goes through the formatting machinery, about 1,000
+            // instructions, once per connection (a `Connection: close` client pays it for
+            // every request).
+            IpAddr::V4(v4) => {
+                let mut at = 0;
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        bytes[at] = b'.';
+                        at += 1;
+                    }
+                    if octet >= 100 {
+                        bytes[at] = b'0' + octet / 100;
+                        at += 1;
+                    }
+                    if octet >= 10 {
+                        bytes[at] = b'0' + octet / 10 % 10;
+                        at += 1;
+                    }
+                    bytes[at] = b'0' + octet % 10;
+                    at += 1;
+                }
+                at
+            }
+            IpAddr::V6(v6) => {
+                use std::io::Write;
+                let mut cursor = &mut bytes[..];
+                let _ = write!(cursor, "{v6}");
+                48 - cursor.len()
+            }
+        };
         PeerText {
             bytes,
             len: len as u8,
@@ -165,7 +215,7 @@ impl PeerText {
     }
 
     fn as_str(&self) -> &str {
-        // invariant: written by Display of an IP address: ASCII.
+        // invariant: digits, dots, or `Display` of an IPv6 address: ASCII.
         std::str::from_utf8(self.as_bytes()).unwrap_or("")
     }
 }
@@ -239,7 +289,7 @@ pub async fn serve_connection(
             }
         }
     };
-    serve_client(w, stream, peer, strict_sni).await;
+    serve_client(w, stream, Peer::new(peer), strict_sni).await;
 }
 
 /// Serves one HTTP/2 stream (as a virtual HTTP/1.1 connection, see `h2::bridge`). Not counted
@@ -247,7 +297,7 @@ pub async fn serve_connection(
 pub async fn serve_virtual(
     w: Rc<Worker>,
     conn: crate::h2::bridge::VirtualConn,
-    peer: SocketAddr,
+    peer: Peer,
     strict_sni: bool,
 ) {
     serve_client(w, ClientStream::Virtual(conn), peer, strict_sni).await;
@@ -264,7 +314,7 @@ async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni:
     };
     let io = crate::h2::io::PollTls::new(poll, tls, pending);
     let info = crate::h2::ConnInfo {
-        peer,
+        peer: Peer::new(peer),
         sni,
         tls: true,
         strict_sni,
@@ -273,16 +323,16 @@ async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni:
 }
 
 /// The HTTP/1.1 request loop of one client connection (or one HTTP/2 stream).
-async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, strict_sni: bool) {
-    let peer_ip = peer.ip().to_canonical();
+async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_sni: bool) {
+    let peer = client.addr;
     let mut conn = ClientConn {
         strict_sni,
         stream,
         rbuf: Some(w.pool.take()),
         head: RequestHead::default(),
         resp: ResponseHead::default(),
-        peer_ip,
-        peer_text: PeerText::new(peer_ip),
+        peer_ip: client.ip,
+        peer_text: client.text,
         accepted: w.now(),
         linger: false,
         head_pending: false,
@@ -306,7 +356,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, peer: SocketAddr, str
                 };
                 let io = crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll);
                 let info = crate::h2::ConnInfo {
-                    peer,
+                    peer: client,
                     sni: None,
                     tls: false,
                     strict_sni: false,
@@ -802,6 +852,54 @@ async fn linger_close(w: &Worker, mut conn: ClientConn) {
         match res {
             Ok(0) | Err(_) => break,
             Ok(n) => total += n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    fn text(ip: IpAddr) -> String {
+        Peer::new(SocketAddr::new(ip, 1)).text.as_str().to_owned()
+    }
+
+    #[test]
+    fn ipv4_text_matches_display_for_every_octet_in_every_place() {
+        for place in 0..4 {
+            for v in 0..=255u8 {
+                let mut o = [1, 20, 255, 0];
+                o[place] = v;
+                let ip = Ipv4Addr::from(o);
+                assert_eq!(text(ip.into()), ip.to_string());
+            }
+        }
+        for ip in [
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::BROADCAST,
+            Ipv4Addr::LOCALHOST,
+        ] {
+            assert_eq!(text(ip.into()), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn ipv6_text_is_display_and_mapped_ipv4_is_canonical() {
+        let ip: Ipv6Addr = "2001:db8::ff00:42:8329".parse().unwrap();
+        assert_eq!(text(ip.into()), "2001:db8::ff00:42:8329");
+        let longest = Ipv6Addr::new(0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 1, 0xffff);
+        assert_eq!(text(longest.into()), longest.to_string());
+        let mapped = Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped();
+        assert_eq!(text(mapped.into()), "192.0.2.7");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ipv4_text_matches_display(raw: u32) {
+            let ip = Ipv4Addr::from(raw);
+            proptest::prop_assert_eq!(text(ip.into()), ip.to_string());
         }
     }
 }
