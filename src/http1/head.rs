@@ -1,12 +1,84 @@
 //! Request and response head parsing: httparse for the syntax, then the RFC 9112 checks that
 //! decide framing, persistence and which fields are connection-specific.
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{
     is_tchar, list_elements, parse_content_length, trim_ows, BodyFraming, HeaderField, HeaderKind,
     Method, Span, Version,
 };
+
+/// Field lists a thread keeps for the heads it parses next, at most.
+const SPARE_LISTS: usize = 256;
+/// A list with room for more fields than this is not kept.
+const SPARE_LIST_FIELDS: usize = 32;
+
+thread_local! {
+    /// Emptied field lists of heads that are gone. A keep-alive HTTP/1.1 connection reuses
+    /// its heads, but every HTTP/2 stream parses three of its own (its request, the upstream
+    /// response, the response it relays): from here, none of them allocates.
+    static SPARE: RefCell<Vec<Vec<HeaderField>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A head's header fields, in order: a `Vec` whose storage comes from and goes back to the
+/// thread's spare lists.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FieldList(Vec<HeaderField>);
+
+impl Default for FieldList {
+    fn default() -> Self {
+        FieldList(SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_default())
+    }
+}
+
+impl Clone for FieldList {
+    fn clone(&self) -> Self {
+        let mut list = FieldList::default();
+        list.0.extend_from_slice(&self.0);
+        list
+    }
+}
+
+impl Drop for FieldList {
+    fn drop(&mut self) {
+        let cap = self.0.capacity();
+        if cap == 0 || cap > SPARE_LIST_FIELDS {
+            return;
+        }
+        let mut list = std::mem::take(&mut self.0);
+        list.clear();
+        // `try_with`: a head dropped while the thread's locals are torn down frees its list.
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut spare) = s.try_borrow_mut() {
+                if spare.len() < SPARE_LISTS {
+                    spare.push(list);
+                }
+            }
+        });
+    }
+}
+
+impl std::ops::Deref for FieldList {
+    type Target = Vec<HeaderField>;
+    fn deref(&self) -> &Vec<HeaderField> {
+        &self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a FieldList {
+    type Item = &'a HeaderField;
+    type IntoIter = std::slice::Iter<'a, HeaderField>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::ops::DerefMut for FieldList {
+    fn deref_mut(&mut self) -> &mut Vec<HeaderField> {
+        &mut self.0
+    }
+}
 
 /// Upper bound on `max_headers` (the parser's header array lives on the stack).
 pub const MAX_HEADERS_HARD_LIMIT: usize = 256;
@@ -91,7 +163,7 @@ pub struct RequestHead {
     /// Protocol version.
     pub version: Version,
     /// Every header field in order.
-    pub headers: Vec<HeaderField>,
+    pub headers: FieldList,
     /// The effective host: the absolute-form authority or the Host field (empty if none).
     pub host: Span,
     /// How the body is delimited.
@@ -130,7 +202,7 @@ pub struct ResponseHead {
     /// Reason phrase as sent (may be empty).
     pub reason: Span,
     /// Every header field in order.
-    pub headers: Vec<HeaderField>,
+    pub headers: FieldList,
     /// How the body is delimited, given the request method and status.
     pub framing: BodyFraming,
     /// The declared Content-Length, also for responses without a body (HEAD, 304).
@@ -756,6 +828,55 @@ mod tests {
             .expect("complete");
         assert_eq!(n, input.len());
         head
+    }
+
+    fn spare_lists() -> usize {
+        SPARE.with(|s| s.borrow().len())
+    }
+
+    #[test]
+    fn a_dropped_head_gives_its_field_list_to_the_next_one() {
+        SPARE.with(|s| s.borrow_mut().clear());
+        let head = parsed(b"GET / HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n");
+        let storage = head.headers.as_ptr();
+        assert_eq!(head.headers.len(), 2);
+        drop(head);
+        assert_eq!(spare_lists(), 1);
+        let mut next = ResponseHead::default();
+        assert_eq!(spare_lists(), 0);
+        assert!(next.headers.is_empty(), "a reused list starts empty");
+        assert!(next.headers.capacity() >= 2);
+        assert_eq!(
+            next.headers.as_ptr(),
+            storage,
+            "the same storage, not a new allocation"
+        );
+        // A copy has storage of its own; both go back (an empty list has none to give).
+        next.headers.push(HeaderField::default());
+        let copy = next.clone();
+        assert_ne!(copy.headers.as_ptr(), next.headers.as_ptr());
+        assert_eq!(copy.headers, next.headers);
+        drop((next, copy));
+        assert_eq!(spare_lists(), 2);
+    }
+
+    #[test]
+    fn spare_field_lists_are_bounded_in_number_and_size() {
+        SPARE.with(|s| s.borrow_mut().clear());
+        let mut big = RequestHead::default();
+        big.headers
+            .extend((0..SPARE_LIST_FIELDS + 1).map(|_| HeaderField::default()));
+        drop(big);
+        assert_eq!(spare_lists(), 0, "a list grown past the cap is freed");
+        let heads: Vec<RequestHead> = (0..SPARE_LISTS + 10)
+            .map(|_| {
+                let mut h = RequestHead::default();
+                h.headers.push(HeaderField::default());
+                h
+            })
+            .collect();
+        drop(heads);
+        assert_eq!(spare_lists(), SPARE_LISTS);
     }
 
     /// Every strict prefix is incomplete (never an error, never complete), and the whole input
