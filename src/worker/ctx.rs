@@ -419,8 +419,13 @@ impl Worker {
         let ticks = self.ticks.get().wrapping_add(1);
         self.ticks.set(ticks);
         let second = self.shared.millis(now) / 1000;
-        // Latency histograms are copied out about once a second (40 ticks of 25 ms).
+        // Latency histograms are copied out about once a second (40 ticks of 25 ms), and
+        // idle blocks beyond the pools' budget that a second did not need are freed.
         let publish_latency = ticks % 40 == 0;
+        if publish_latency {
+            self.pool.trim();
+            self.body_pool.trim();
+        }
         for up in &self.current().upstreams {
             up.reap(now);
             up.tick(second, publish_latency);
