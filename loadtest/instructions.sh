@@ -2,16 +2,19 @@
 # Instructions per proxied request, counted by callgrind: a deterministic before/after measure
 # for small changes to the hot path, where timed runs on a shared machine are too noisy.
 #
-#   loadtest/instructions.sh [--requests N] BINARY [BINARY...]
+#   loadtest/instructions.sh [--requests N] TARGET [TARGET...]
 #
-# For each binary and each mode (HTTP/1.1 keep-alive GET /, 16 connections; h2c GET /, 16
-# connections x 10 streams) it starts the project's origin and the binary under callgrind on the
-# epoll driver (valgrind does not follow io_uring), warms up with 2,000 requests, then counts
-# the user-space instructions of the next N (default 20,000) and prints them per request, with
-# the share spent in memcpy/memmove. Kernel time is not counted.
+# A TARGET is a ringway binary, or `nginx` or `haproxy` (one worker each, configured as in the
+# timed run: upstream keep-alive, no access log). For each target and each mode (HTTP/1.1
+# keep-alive GET /, 16 connections; h2c GET /, 16 connections x 10 streams) it starts the
+# project's origin and the target under callgrind (ringway on the epoll driver: valgrind does
+# not follow io_uring), warms up with 2,000 requests, then counts the user-space instructions
+# of the next N (default 20,000) and prints them per request, with the share spent in
+# memcpy/memmove. Kernel time is not counted.
 #
-# Read it as a ratio between builds measured the same way, not as a cost: valgrind counts each
-# byte of a `rep movsb` copy as one instruction, so large copies weigh more here than on the CPU.
+# Read it as a ratio between targets measured the same way, not as a cost: valgrind counts each
+# byte of a `rep movsb` copy as one instruction, so large copies weigh more here than on the
+# CPU; and it says nothing of the kernel's share, which the proxies pay about alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,11 +23,17 @@ if [ "${1:-}" = "--requests" ]; then
     N=$2
     shift 2
 fi
-[ $# -ge 1 ] || { sed -n 2,13p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,17p "$0"; exit 2; }
 
 need=()
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v h2load >/dev/null || need+=(nghttp2-client)
+for t in "$@"; do
+    case $t in
+        nginx) command -v nginx >/dev/null || need+=(nginx-light) ;;
+        haproxy) command -v haproxy >/dev/null || need+=(haproxy) ;;
+    esac
+done
 if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -57,6 +66,51 @@ path_prefix = "/"
 proxy = "origin"
 EOF
 
+# One process each, in the foreground: callgrind counts the process it started.
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  http2_max_requests 1000000;
+  client_body_temp_path $WORK/nginx-body;
+  proxy_temp_path $WORK/nginx-proxy;
+  upstream origin { server 127.0.0.1:$ORIGIN_PORT; keepalive 1024; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$PORT;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+  server {
+    listen 127.0.0.1:$((PORT + 1)) http2;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+EOF
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  option http-keep-alive
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend f
+  bind 127.0.0.1:$PORT
+  bind 127.0.0.1:$((PORT + 1)) proto h2
+  default_backend b
+backend b
+  server origin 127.0.0.1:$ORIGIN_PORT
+EOF
+mkdir -p "$WORK/nginx-body" "$WORK/nginx-proxy"
+
 target/release/examples/origin "127.0.0.1:$ORIGIN_PORT" >/dev/null 2>&1 &
 pids+=($!)
 
@@ -70,26 +124,35 @@ wait_port() {
 }
 wait_port "$ORIGIN_PORT"
 
-load() { # mode count
+load() { # mode count port
     case $1 in
-        h1) h2load -t1 -c16 --h1 -n "$2" "http://127.0.0.1:$PORT/" ;;
-        h2c) h2load -t1 -c16 -m10 -n "$2" "http://127.0.0.1:$PORT/" ;;
+        h1) h2load -t1 -c16 --h1 -n "$2" "http://127.0.0.1:$3/" ;;
+        h2c) h2load -t1 -c16 -m10 -n "$2" "http://127.0.0.1:$3/" ;;
     esac
 }
 
 printf '%-40s %-5s %12s %12s\n' binary mode instr/req memcpy
 for bin in "$@"; do
+    case $bin in
+        nginx) cmd=(nginx -c "$WORK/nginx.conf" -p "$WORK") ;;
+        haproxy) cmd=(haproxy -db -f "$WORK/haproxy.cfg") ;;
+        *) cmd=("$bin" --config "$WORK/ringway.toml") ;;
+    esac
     for mode in h1 h2c; do
         rm -f "$WORK"/cg.*
+        # ringway serves h2c on its HTTP/1.1 port (told apart by the preface); the others on
+        # a port of its own.
+        port=$PORT
+        case $bin in nginx | haproxy) [ "$mode" = h2c ] && port=$((PORT + 1)) ;; esac
         MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
-            --callgrind-out-file="$WORK/cg.%p" "$bin" --config "$WORK/ringway.toml" \
+            --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
             >/dev/null 2>"$WORK/valgrind.log" &
         rp=$!
         pids+=($rp)
-        wait_port "$PORT"
-        load "$mode" 2000 >/dev/null
+        wait_port "$port"
+        load "$mode" 2000 "$port" >/dev/null
         callgrind_control -i on "$rp" >/dev/null 2>&1
-        out=$(load "$mode" "$N")
+        out=$(load "$mode" "$N" "$port")
         callgrind_control -i off "$rp" >/dev/null 2>&1
         callgrind_control -d "$rp" >/dev/null 2>&1
         kill "$rp"
