@@ -56,7 +56,7 @@ const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// The client.
-    pub peer: crate::proxy::Peer,
+    pub peer: crate::net::client::Peer,
     /// The TLS SNI name, if any.
     pub sni: Option<Rc<str>>,
     /// Over TLS.

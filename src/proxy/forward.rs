@@ -185,7 +185,7 @@ pub(super) fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u6
     };
     let value = match kind {
         BalancerConfig::IpHash | BalancerConfig::ConsistentHash(HashKey::ClientIp) => {
-            return Some(match conn.peer_ip {
+            return Some(match conn.peer.ip() {
                 std::net::IpAddr::V4(ip) => hash_key(&ip.octets()),
                 std::net::IpAddr::V6(ip) => hash_key(&ip.octets()),
             })
@@ -1191,7 +1191,7 @@ pub(super) fn forwarding(cg: &CoreGen, conn: &ClientConn) -> (bool, Option<&'sta
         .gateway
         .trusted_proxies
         .iter()
-        .any(|net| net.contains(&conn.peer_ip));
+        .any(|net| net.contains(&conn.peer.ip()));
     let keep_proto = trusted && conn.head.find(HeaderKind::XForwardedProto).is_some();
     let proto: Option<&'static [u8]> = match (keep_proto, conn.stream.is_tls()) {
         (true, _) => None,
@@ -1221,7 +1221,7 @@ fn encode_request(
     let head = &conn.head;
     let host = upstream_host(conn, src, action, upc.authority());
     let (trusted, forwarded_proto) = forwarding(cg, conn);
-    let peer = conn.peer_text.as_bytes();
+    let peer = conn.peer.text().as_bytes();
     let mut scratch = cg.scratch.borrow_mut();
     let text = rewrite_target(&mut scratch, conn, src, route, action, params);
     let edits = RequestEdits {

@@ -127,7 +127,7 @@ fn build_request(
     if te_trailers {
         b = b.header("te", "trailers");
     }
-    let peer = conn.peer_text.as_str();
+    let peer = conn.peer.text();
     xff.push_str(peer);
     b = b.header("x-forwarded-for", xff).header("x-real-ip", peer);
     if let Some(proto) = forwarded_proto {

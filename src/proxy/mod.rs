@@ -17,7 +17,7 @@ mod reserved;
 pub mod respond;
 pub mod tunnel;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use crate::http1::{
     check_partial, may_complete_head, parse_request, BodyFraming, ChunkedDecoder, HeaderKind,
     Method, RequestHead, ResponseHead, Version,
 };
-use crate::net::client::ClientStream;
+use crate::net::client::{ClientStream, Peer};
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
 use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
@@ -62,8 +62,7 @@ pub struct ClientConn {
     rbuf: Option<Block>,
     head: RequestHead,
     resp: ResponseHead,
-    peer_ip: IpAddr,
-    peer_text: PeerText,
+    peer: Peer,
     accepted: Instant,
     /// Unread client bytes may follow: close with a lingering close.
     linger: bool,
@@ -137,86 +136,6 @@ impl Offered {
     pub(crate) fn contains(&self, token: &[u8]) -> bool {
         let h = Self::hash(token);
         self.hashes[..usize::from(self.len)].contains(&h)
-    }
-}
-
-/// The client's address as the request path uses it: the IP (an IPv4-mapped IPv6 address as
-/// IPv4) and its text for forwarded headers, worked out once per connection (for HTTP/2 once
-/// per connection, not per stream).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer {
-    /// The socket address, for logs.
-    pub addr: SocketAddr,
-    ip: IpAddr,
-    text: PeerText,
-}
-
-impl Peer {
-    /// The client at `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        let ip = addr.ip().to_canonical();
-        Peer {
-            addr,
-            ip,
-            text: PeerText::new(ip),
-        }
-    }
-}
-
-/// The peer IP as text.
-#[derive(Debug, Clone, Copy)]
-struct PeerText {
-    bytes: [u8; 48],
-    len: u8,
-}
-
-impl PeerText {
-    fn new(ip: IpAddr) -> Self {
-        let mut bytes = [0u8; 48];
-        let len = match ip {
-            // By hand: `Display` goes through the formatting machinery, about 1,000
-            // instructions, once per connection (a `Connection: close` client pays it for
-            // every request).
-            IpAddr::V4(v4) => {
-                let mut at = 0;
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        bytes[at] = b'.';
-                        at += 1;
-                    }
-                    if octet >= 100 {
-                        bytes[at] = b'0' + octet / 100;
-                        at += 1;
-                    }
-                    if octet >= 10 {
-                        bytes[at] = b'0' + octet / 10 % 10;
-                        at += 1;
-                    }
-                    bytes[at] = b'0' + octet % 10;
-                    at += 1;
-                }
-                at
-            }
-            IpAddr::V6(v6) => {
-                use std::io::Write;
-                let mut cursor = &mut bytes[..];
-                let _ = write!(cursor, "{v6}");
-                48 - cursor.len()
-            }
-        };
-        PeerText {
-            bytes,
-            len: len as u8,
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len as usize]
-    }
-
-    fn as_str(&self) -> &str {
-        // invariant: digits, dots, or `Display` of an IPv6 address: ASCII.
-        std::str::from_utf8(self.as_bytes()).unwrap_or("")
     }
 }
 
@@ -331,8 +250,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
         rbuf: Some(w.pool.take()),
         head: RequestHead::default(),
         resp: ResponseHead::default(),
-        peer_ip: client.ip,
-        peer_text: client.text,
+        peer: client,
         accepted: w.now(),
         linger: false,
         head_pending: false,
@@ -852,54 +770,6 @@ async fn linger_close(w: &Worker, mut conn: ClientConn) {
         match res {
             Ok(0) | Err(_) => break,
             Ok(n) => total += n,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::{Ipv4Addr, Ipv6Addr};
-
-    use super::*;
-
-    fn text(ip: IpAddr) -> String {
-        Peer::new(SocketAddr::new(ip, 1)).text.as_str().to_owned()
-    }
-
-    #[test]
-    fn ipv4_text_matches_display_for_every_octet_in_every_place() {
-        for place in 0..4 {
-            for v in 0..=255u8 {
-                let mut o = [1, 20, 255, 0];
-                o[place] = v;
-                let ip = Ipv4Addr::from(o);
-                assert_eq!(text(ip.into()), ip.to_string());
-            }
-        }
-        for ip in [
-            Ipv4Addr::UNSPECIFIED,
-            Ipv4Addr::BROADCAST,
-            Ipv4Addr::LOCALHOST,
-        ] {
-            assert_eq!(text(ip.into()), ip.to_string());
-        }
-    }
-
-    #[test]
-    fn ipv6_text_is_display_and_mapped_ipv4_is_canonical() {
-        let ip: Ipv6Addr = "2001:db8::ff00:42:8329".parse().unwrap();
-        assert_eq!(text(ip.into()), "2001:db8::ff00:42:8329");
-        let longest = Ipv6Addr::new(0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 1, 0xffff);
-        assert_eq!(text(longest.into()), longest.to_string());
-        let mapped = Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped();
-        assert_eq!(text(mapped.into()), "192.0.2.7");
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn ipv4_text_matches_display(raw: u32) {
-            let ip = Ipv4Addr::from(raw);
-            proptest::prop_assert_eq!(text(ip.into()), ip.to_string());
         }
     }
 }
