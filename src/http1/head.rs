@@ -28,7 +28,9 @@ pub struct FieldList(Vec<HeaderField>);
 
 impl Default for FieldList {
     fn default() -> Self {
-        FieldList(SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_default())
+        // `try_with`: a head made while the thread's locals are torn down gets a new list.
+        let spare = SPARE.try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+        FieldList(spare.ok().flatten().unwrap_or_default())
     }
 }
 
@@ -48,7 +50,7 @@ impl Drop for FieldList {
         }
         let mut list = std::mem::take(&mut self.0);
         list.clear();
-        // `try_with`: a head dropped while the thread's locals are torn down frees its list.
+        // (`try_with`: a head dropped while the thread's locals are torn down frees its list.)
         let _ = SPARE.try_with(|s| {
             if let Ok(mut spare) = s.try_borrow_mut() {
                 if spare.len() < SPARE_LISTS {
