@@ -21,12 +21,17 @@ use monoio::buf::{IoBuf, IoBufMut};
 /// Idle blocks a pool keeps for reuse at the most, whatever their size allows.
 pub const MAX_FREE_BLOCKS: usize = 4096;
 
+/// How many times its budget a pool takes back for a while (see [`BufPool::trim`]).
+pub const HOLD_FACTOR: usize = 4;
+
 struct PoolShared {
     block_size: usize,
     free: RefCell<Vec<Box<[u8]>>>,
     /// Idle blocks kept for good; [`BufPool::trim`] frees those beyond that sat unused since
     /// the trim before (memory a burst took is given back rather than held for good).
     max_free: Cell<usize>,
+    /// Idle blocks held at the most until a trim; a block coming back beyond is freed.
+    hold_max: Cell<usize>,
     /// The fewest idle blocks since the last trim: that many were not needed all along.
     low_water: Cell<usize>,
 }
@@ -54,29 +59,38 @@ impl BufPool {
                 block_size: block_size.max(1024),
                 free: RefCell::new(Vec::new()),
                 max_free: Cell::new(MAX_FREE_BLOCKS),
+                hold_max: Cell::new(MAX_FREE_BLOCKS),
                 low_water: Cell::new(0),
             }),
         }
     }
 
-    /// Keeps `bytes` of idle blocks for good (whole blocks, at most [`MAX_FREE_BLOCKS`]);
-    /// idle blocks beyond go back to the allocator now, and later ones at [`BufPool::trim`].
+    /// Keeps `bytes` of idle blocks for good and takes back up to [`HOLD_FACTOR`] times as
+    /// many until [`BufPool::trim`] (whole blocks, at most [`MAX_FREE_BLOCKS`]). A budget
+    /// lower than before frees the idle blocks beyond it now.
     pub fn set_idle_bytes(&self, bytes: usize) {
         let s = &self.shared;
         let max = (bytes / s.block_size).min(MAX_FREE_BLOCKS);
+        let hold = (bytes.saturating_mul(HOLD_FACTOR) / s.block_size).min(MAX_FREE_BLOCKS);
+        let lowered = max < s.max_free.get();
         s.max_free.set(max);
-        let mut free = s.free.borrow_mut();
-        free.truncate(max);
-        s.low_water.set(s.low_water.get().min(free.len()));
+        s.hold_max.set(hold);
+        // An unchanged budget (any reload sets it) leaves a busy pool's blocks to the trim.
+        if lowered {
+            let mut free = s.free.borrow_mut();
+            free.truncate(max);
+            s.low_water.set(s.low_water.get().min(free.len()));
+        }
     }
 
     /// Frees the idle blocks beyond the [`BufPool::set_idle_bytes`] budget that were not
     /// needed since the last trim (the worker trims once a second).
     ///
-    /// Blocks go back to the pool whatever its budget and are trimmed here instead, so a
-    /// load that keeps more blocks busy than the budget holds does not free blocks as they
-    /// come back only to allocate them again at the next peak: at 640 HTTP/2 streams that
-    /// churn cost about 3,000 instructions per request in zeroing fresh 20 KiB blocks.
+    /// Blocks beyond the budget go back to the pool (up to [`HOLD_FACTOR`] times it) and are
+    /// trimmed here instead, so a load that keeps more blocks busy than the budget holds
+    /// does not free blocks as they come back only to allocate them again at the next peak:
+    /// at 640 HTTP/2 streams that churn cost about 3,000 instructions per request in zeroing
+    /// fresh 20 KiB blocks.
     pub fn trim(&self) {
         let s = &self.shared;
         let mut free = s.free.borrow_mut();
@@ -261,7 +275,7 @@ impl Drop for Block {
         if let Some(mem) = self.mem.take() {
             if mem.len() == self.pool.block_size {
                 let mut free = self.pool.free.borrow_mut();
-                if free.len() < MAX_FREE_BLOCKS {
+                if free.len() < self.pool.hold_max.get() {
                     free.push(mem);
                 }
             }
@@ -309,51 +323,55 @@ mod tests {
     fn idle_blocks_are_capped_in_bytes() {
         let pool = BufPool::new(64 * 1024);
         pool.set_idle_bytes(1024 * 1024);
-        // A burst of 100 blocks in use at once: all come back to the pool; the trim right
-        // after keeps them (they were in use since the last one), the next one frees all but
-        // the 16 the budget holds.
+        // A burst of 100 blocks in use at once: 64 come back (four times the budget of 16),
+        // the rest are freed; the trim right after keeps them (they were in use since the
+        // last one), the next one frees all but the 16 the budget holds.
         let burst: Vec<Block> = (0..100).map(|_| pool.take()).collect();
         drop(burst);
-        assert_eq!(pool.idle(), 100);
+        assert_eq!(pool.idle(), 64);
         pool.trim();
-        assert_eq!(pool.idle(), 100);
+        assert_eq!(pool.idle(), 64);
         pool.trim();
+        assert_eq!(pool.idle(), 16);
+        // The same budget again (every reload sets it) frees nothing.
+        pool.set_idle_bytes(1024 * 1024);
         assert_eq!(pool.idle(), 16);
         // Lowered live: idle blocks beyond go at once.
         pool.set_idle_bytes(128 * 1024);
         assert_eq!(pool.idle(), 2);
+        // No budget: nothing is kept, not even until a trim.
         pool.set_idle_bytes(0);
         assert_eq!(pool.idle(), 0);
         drop(pool.take());
-        assert_eq!(pool.idle(), 1);
-        pool.trim();
-        pool.trim();
         assert_eq!(pool.idle(), 0);
         // At most MAX_FREE_BLOCKS come back, whatever the budget.
-        pool.set_idle_bytes(usize::MAX);
-        let burst: Vec<Block> = (0..MAX_FREE_BLOCKS + 5).map(|_| pool.take()).collect();
+        let small = BufPool::new(1024);
+        small.set_idle_bytes(usize::MAX);
+        let burst: Vec<Block> = (0..MAX_FREE_BLOCKS + 5).map(|_| small.take()).collect();
         drop(burst);
-        assert_eq!(pool.idle(), MAX_FREE_BLOCKS);
+        assert_eq!(small.idle(), MAX_FREE_BLOCKS);
     }
 
     #[test]
     fn a_load_above_the_budget_reuses_its_blocks() {
         let pool = BufPool::new(4096);
         pool.set_idle_bytes(2 * 4096);
-        // Ten blocks busy at every peak, a trim between peaks: the same ten blocks serve
-        // every peak (none is freed only to be allocated again).
-        let first: Vec<Block> = (0..10).map(|_| pool.take()).collect();
+        // Eight blocks busy at every peak (four times the budget), a trim between peaks: all
+        // eight come back every time and serve the next peak (none is freed only to be
+        // allocated again).
+        let first: Vec<Block> = (0..8).map(|_| pool.take()).collect();
         let mut seen: Vec<*const u8> = first.iter().map(|b| b.mem().as_ptr()).collect();
         seen.sort();
         drop(first);
         for _ in 0..5 {
             pool.trim();
-            let peak: Vec<Block> = (0..10).map(|_| pool.take()).collect();
+            assert_eq!(pool.idle(), 8);
+            let peak: Vec<Block> = (0..8).map(|_| pool.take()).collect();
             let mut now: Vec<*const u8> = peak.iter().map(|b| b.mem().as_ptr()).collect();
             now.sort();
             assert_eq!(now, seen);
             drop(peak);
-            assert_eq!(pool.idle(), 10);
+            assert_eq!(pool.idle(), 8);
         }
         // The load gone, the blocks beyond the budget go at the trims after.
         pool.trim();

@@ -169,8 +169,8 @@ pub struct HttpConfig {
     pub send_timeout: Duration,
     /// A tunnel (after a 101) with no byte either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
-    /// Idle bytes each of a worker's two block pools keeps for reuse after a burst; beyond,
-    /// returned blocks are freed.
+    /// Idle bytes each of a worker's two block pools keeps for good; up to four times as much
+    /// is taken back and freed once a second has not needed it (see `buf::BufPool::trim`).
     pub buffer_pool_bytes: usize,
     /// A request that has awaited its response head this long has its client socket checked
     /// for a close, again as often, and a client gone cancels the upstream request. `None`
