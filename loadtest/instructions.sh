@@ -4,8 +4,8 @@
 #
 #   loadtest/instructions.sh [--requests N] TARGET [TARGET...]
 #
-# A TARGET is a ringway binary, or `nginx` or `haproxy` (one worker each, configured as in the
-# timed run: upstream keep-alive, no access log). For each target and each mode (HTTP/1.1
+# A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
+# each; the essentials of the timed run's configs: upstream keep-alive, no access log). For each target and each mode (HTTP/1.1
 # keep-alive GET /, 16 connections; h2c GET /, 16 connections x 10 streams) it starts the
 # project's origin and the target under callgrind (ringway on the epoll driver: valgrind does
 # not follow io_uring), warms up with 2,000 requests, then counts the user-space instructions
@@ -77,7 +77,6 @@ events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 1000000;
-  http2_max_requests 1000000;
   client_body_temp_path $WORK/nginx-body;
   proxy_temp_path $WORK/nginx-proxy;
   upstream origin { server 127.0.0.1:$ORIGIN_PORT; keepalive 1024; keepalive_requests 1000000; }
@@ -131,7 +130,7 @@ load() { # mode count port
     esac
 }
 
-printf '%-40s %-5s %12s %12s\n' binary mode instr/req memcpy
+printf '%-40s %-5s %12s %12s\n' target mode instr/req memcpy
 for bin in "$@"; do
     case $bin in
         nginx) cmd=(nginx -c "$WORK/nginx.conf" -p "$WORK") ;;
@@ -149,7 +148,10 @@ for bin in "$@"; do
             >/dev/null 2>"$WORK/valgrind.log" &
         rp=$!
         pids+=($rp)
-        wait_port "$port"
+        if ! wait_port "$port"; then
+            tail -n 20 "$WORK/valgrind.log" "$WORK/nginx-error.log" >&2 2>/dev/null || true
+            exit 1
+        fi
         load "$mode" 2000 "$port" >/dev/null
         callgrind_control -i on "$rp" >/dev/null 2>&1
         out=$(load "$mode" "$N" "$port")
@@ -157,6 +159,7 @@ for bin in "$@"; do
         callgrind_control -d "$rp" >/dev/null 2>&1
         kill "$rp"
         wait "$rp" 2>/dev/null || true
+        pids=("${pids[0]}") # the origin's; a reaped PID is not killed again at exit
         if ! grep -q "^requests: $N total, $N started, $N done, $N succeeded" <<<"$out"; then
             echo "$bin $mode: not every request succeeded:" >&2
             grep "^requests:" <<<"$out" >&2
