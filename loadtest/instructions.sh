@@ -5,12 +5,12 @@
 #   loadtest/instructions.sh [--requests N] TARGET [TARGET...]
 #
 # A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
-# each; the essentials of the timed run's configs: upstream keep-alive, no access log). For each target and each mode (HTTP/1.1
-# keep-alive GET /, 16 connections; h2c GET /, 16 connections x 10 streams) it starts the
-# project's origin and the target under callgrind (ringway on the epoll driver: valgrind does
-# not follow io_uring), warms up with 2,000 requests, then counts the user-space instructions
-# of the next N (default 20,000) and prints them per request, with the share spent in
-# memcpy/memmove. Kernel time is not counted.
+# each; the essentials of the timed run's configs: upstream keep-alive, no access log). For
+# each target and each mode (HTTP/1.1 keep-alive GET /, 16 connections; h2c GET /, 16
+# connections x 10 streams) it starts the project's origin and the target under callgrind
+# (ringway on the epoll driver: valgrind does not follow io_uring), warms up with 2,000
+# requests, then counts the user-space instructions of the next N (default 20,000) and prints
+# them per request, with the share spent in memcpy/memmove. Kernel time is not counted.
 #
 # Read it as a ratio between targets measured the same way, not as a cost: valgrind counts each
 # byte of a `rep movsb` copy as one instruction, so large copies weigh more here than on the
@@ -140,7 +140,7 @@ for bin in "$@"; do
     for mode in h1 h2c; do
         rm -f "$WORK"/cg.*
         # ringway serves h2c on its HTTP/1.1 port (told apart by the preface); the others on
-        # a port of its own.
+        # a port of their own.
         port=$PORT
         case $bin in nginx | haproxy) [ "$mode" = h2c ] && port=$((PORT + 1)) ;; esac
         MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
