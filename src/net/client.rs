@@ -14,6 +14,7 @@ use monoio::net::TcpStream;
 use monoio::BufResult;
 
 use crate::h2::bridge::VirtualConn;
+use crate::http1::encode::decimal;
 use crate::tls::{TlsReadHalf, TlsStream, TlsWriteHalf};
 
 /// The client's address as the request path uses it: the IP (an IPv4-mapped IPv6 address as
@@ -67,21 +68,15 @@ impl PeerText {
             // every request).
             IpAddr::V4(v4) => {
                 let mut at = 0;
+                let mut digits = [0u8; 20];
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
                         bytes[at] = b'.';
                         at += 1;
                     }
-                    if octet >= 100 {
-                        bytes[at] = b'0' + octet / 100;
-                        at += 1;
-                    }
-                    if octet >= 10 {
-                        bytes[at] = b'0' + octet / 10 % 10;
-                        at += 1;
-                    }
-                    bytes[at] = b'0' + octet % 10;
-                    at += 1;
+                    let d = decimal(u64::from(octet), &mut digits);
+                    bytes[at..at + d.len()].copy_from_slice(d);
+                    at += d.len();
                 }
                 at
             }
