@@ -941,3 +941,51 @@ fn a_small_response_is_one_headers_and_one_data_frame() {
     // HEADERS (END_HEADERS), then DATA with the 5 bytes and END_STREAM: no empty DATA after.
     assert_eq!(frames, vec![(0x1, 0x4, frames[0].2), (0x0, 0x1, 5)]);
 }
+
+#[test]
+fn a_relayed_head_gets_the_proxys_framing_date_and_request_id_over_h2() {
+    // The upstream's framing, connection fields and request id are its own; a date it sent
+    // is kept (and not doubled), one it did not send is added.
+    let origin = Origin::start(|r| {
+        let dated = if r.target == "/dated" {
+            "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+        } else {
+            ""
+        };
+        let body = if r.method == "HEAD" { "" } else { "hello" };
+        Reply::Raw(
+            format!(
+                "HTTP/1.1 203 Fine\r\nContent-Type: text/x\r\nConnection: X-Drop\r\n\
+                 X-Drop: 1\r\nKeep-Alive: timeout=5\r\nX-Request-Id: from-upstream\r\n\
+                 Set-Cookie: a=1\r\nSet-Cookie: b=2\r\n{dated}Content-Length: 5\r\n\r\n{body}"
+            )
+            .into_bytes(),
+        )
+    });
+    let proxy = Proxy::to(origin.addr, "");
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        for (method, path) in [("GET", "/"), ("GET", "/dated"), ("HEAD", "/")] {
+            let uri = format!("http://a.example{path}");
+            let (status, h, body) = request(&mut c, method, &uri, None).await;
+            assert_eq!(status, 203, "{method} {path}");
+            assert_eq!(h["content-type"], "text/x");
+            assert_eq!(h["content-length"], "5", "{method}: the length is stated");
+            let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
+            assert_eq!(cookies, ["a=1", "b=2"]);
+            for gone in ["connection", "keep-alive", "x-drop", "transfer-encoding"] {
+                assert!(!h.contains_key(gone), "{gone} is connection-specific");
+            }
+            let ids: Vec<_> = h.get_all("x-request-id").iter().collect();
+            assert_eq!(ids.len(), 1, "one request id: {ids:?}");
+            assert_ne!(ids[0], "from-upstream", "the proxy's request id");
+            let dates: Vec<_> = h.get_all("date").iter().collect();
+            assert_eq!(dates.len(), 1, "one date: {dates:?}");
+            if path == "/dated" {
+                assert_eq!(dates[0], "Sun, 06 Nov 1994 08:49:37 GMT");
+            }
+            let want: &[u8] = if method == "HEAD" { b"" } else { b"hello" };
+            assert_eq!(body, want, "{method} {path}");
+        }
+    });
+}

@@ -3,11 +3,14 @@
 //! ```text
 //! h2 stream ──(HTTP/1.1 request bytes)──► [to_proxy pipe]  ──► VirtualConn::read  ──► proxy
 //! h2 stream ◄──(HTTP/1.1 response bytes)── [from_proxy pipe] ◄── VirtualConn::write ◄── proxy
+//!           ◄──(or a typed head, then body bytes)──────────────── VirtualConn::put_head
 //! ```
 //!
 //! Each HTTP/2 request is written as an HTTP/1.1 request into a virtual connection that the
 //! ordinary connection task serves (routes, limits, retries, breakers, error envelopes: all
-//! of it, once), and the HTTP/1.1 response it writes back is turned into HTTP/2 frames.
+//! of it, once), and the HTTP/1.1 response it writes back is turned into HTTP/2 frames. A
+//! relayed upstream response skips the round trip through bytes for its head: the proxy
+//! hands it over as an `http::Response`, and only the body follows as bytes.
 //! The pipes live on one thread (`Rc<RefCell>`), hold a bounded number of bytes and wake the
 //! other side: a full pipe makes its writer wait, so backpressure runs through end to end
 //! (an HTTP/2 reader that grants no window stops the upstream relay).
@@ -23,13 +26,40 @@ use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::BufResult;
 
+use crate::http1::BodyFraming;
+
 /// Bytes a pipe holds before its writer waits.
 pub const PIPE_BYTES: usize = 64 * 1024;
+
+/// A final response head handed over typed (see [`VirtualConn::put_head`]), with how its
+/// body follows in the pipe's bytes.
+#[derive(Debug)]
+pub struct HeadStart {
+    /// Status and end-to-end fields, ready for a HEADERS frame.
+    pub head: http::Response<()>,
+    /// How the body bytes after it are delimited (`None`: there are none).
+    pub body: BodyFraming,
+}
+
+/// What [`StreamEnd::read_into`] found.
+#[derive(Debug)]
+pub enum Read {
+    /// Bytes, appended to the buffer.
+    Bytes,
+    /// The final response head, typed; every byte before it was read already.
+    Head(HeadStart),
+    /// The end of the response direction.
+    End,
+}
 
 /// One direction.
 #[derive(Debug, Default)]
 struct Pipe {
     data: BytesMut,
+    /// A typed response head that comes after the first `head_at` bytes of `data` (response
+    /// direction only).
+    head: Option<HeadStart>,
+    head_at: usize,
     /// The writer is done (end of stream once `data` is drained).
     writer_closed: bool,
     /// The reader is gone: writes fail.
@@ -63,7 +93,7 @@ impl Pipe {
     /// `Ready(true)` when bytes are held, `Ready(false)` at end of stream, `Pending` (with the
     /// waker kept) when empty.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        if !self.data.is_empty() {
+        if !self.data.is_empty() || self.head.is_some() {
             return Poll::Ready(true);
         }
         if self.writer_closed {
@@ -90,8 +120,19 @@ impl Pipe {
     }
 
     /// Moves every held byte to the end of `dst`: the buffers trade places when `dst` is
-    /// empty (no copy, no allocation).
-    fn move_out(&mut self, dst: &mut BytesMut) {
+    /// empty (no copy, no allocation). A typed head is taken in its turn: the bytes before
+    /// it first, then the head alone.
+    fn move_out(&mut self, dst: &mut BytesMut) -> Read {
+        if self.head.is_some() {
+            if self.head_at == 0 {
+                return self.head.take().map_or(Read::End, Read::Head);
+            }
+            dst.extend_from_slice(&self.data[..self.head_at]);
+            self.data.advance(self.head_at);
+            self.head_at = 0;
+            self.wake_writer();
+            return Read::Bytes;
+        }
         if dst.is_empty() {
             std::mem::swap(dst, &mut self.data);
         } else {
@@ -99,6 +140,7 @@ impl Pipe {
         }
         self.data.clear();
         self.wake_writer();
+        Read::Bytes
     }
 
     fn wake_reader(&mut self) {
@@ -116,6 +158,7 @@ impl Pipe {
     /// The reader is gone: writes fail from now on, and whoever watches for that is woken.
     fn close_reader(&mut self) {
         self.reader_closed = true;
+        self.head = None;
         self.wake_writer();
         if let Some(w) = self.gone_waker.take() {
             w.wake();
@@ -201,6 +244,24 @@ impl VirtualConn {
         let mut p = self.pipes.from_proxy.borrow_mut();
         p.writer_closed = true;
         p.wake_reader();
+    }
+
+    /// Hands the final response head over typed, in place of its HTTP/1.1 bytes (which
+    /// the stream would only parse back): the body's bytes follow it with [`write`]s.
+    /// Bytes written before it (a `100 Continue`) are read before it. `BrokenPipe` when
+    /// the stream no longer takes the response.
+    ///
+    /// [`write`]: AsyncWriteRent::write
+    pub fn put_head(&self, start: HeadStart) -> io::Result<()> {
+        let mut p = self.pipes.from_proxy.borrow_mut();
+        if p.reader_closed {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        debug_assert!(p.head.is_none(), "one final head per stream");
+        p.head_at = p.data.len();
+        p.head = Some(start);
+        p.wake_reader();
+        Ok(())
     }
 
     /// Marks the response written so far as cut short: its end is no end of the response
@@ -384,15 +445,14 @@ impl StreamEnd {
         self.pipes.from_proxy.borrow().aborted
     }
 
-    /// Appends the response bytes the proxy wrote to `dst` (waiting for some); false at end
-    /// of stream.
-    pub async fn read_into(&self, dst: &mut BytesMut) -> bool {
+    /// Appends the response bytes the proxy wrote to `dst`, or takes its typed head
+    /// (waiting for either).
+    pub async fn read_into(&self, dst: &mut BytesMut) -> Read {
         let pipe = &self.pipes.from_proxy;
         if !poll_fn(|cx| pipe.borrow_mut().poll_data(cx)).await {
-            return false;
+            return Read::End;
         }
-        pipe.borrow_mut().move_out(dst);
-        true
+        pipe.borrow_mut().move_out(dst)
     }
 }
 
@@ -400,5 +460,69 @@ impl Drop for StreamEnd {
     fn drop(&mut self) {
         self.close_write();
         self.pipes.from_proxy.borrow_mut().close_reader();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+
+    use super::*;
+
+    /// Polls `f` once: every step here has what it needs at hand.
+    fn now<F: Future>(f: F) -> F::Output {
+        match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(out) => out,
+            Poll::Pending => panic!("would wait"),
+        }
+    }
+
+    fn head(body: BodyFraming) -> HeadStart {
+        HeadStart {
+            head: http::Response::new(()),
+            body,
+        }
+    }
+
+    #[test]
+    fn a_typed_head_comes_after_the_bytes_before_it_and_before_the_body() {
+        let (mut vconn, end) = pair(None, false, false);
+        let interim: &'static [u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+        assert_eq!(now(vconn.write(interim)).0.unwrap(), interim.len());
+        vconn.put_head(head(BodyFraming::Length(5))).unwrap();
+        assert_eq!(now(vconn.write(&b"hello"[..])).0.unwrap(), 5);
+        let mut buf = BytesMut::new();
+        assert!(matches!(now(end.read_into(&mut buf)), Read::Bytes));
+        assert_eq!(&buf[..], interim, "only the bytes before the head");
+        buf.clear();
+        let Read::Head(start) = now(end.read_into(&mut buf)) else {
+            panic!("the head next");
+        };
+        assert_eq!(start.body, BodyFraming::Length(5));
+        assert!(buf.is_empty());
+        assert!(matches!(now(end.read_into(&mut buf)), Read::Bytes));
+        assert_eq!(&buf[..], b"hello");
+        drop(vconn);
+        assert!(matches!(now(end.read_into(&mut buf)), Read::End));
+    }
+
+    #[test]
+    fn a_head_first_is_read_first() {
+        let (vconn, end) = pair(None, false, false);
+        vconn.put_head(head(BodyFraming::None)).unwrap();
+        drop(vconn);
+        let mut buf = BytesMut::new();
+        assert!(matches!(now(end.read_into(&mut buf)), Read::Head(_)));
+        assert!(matches!(now(end.read_into(&mut buf)), Read::End));
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_stream_that_stopped_taking_the_response_refuses_its_head() {
+        let (vconn, end) = pair(None, false, false);
+        end.close_read();
+        let err = vconn.put_head(head(BodyFraming::None)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
     }
 }

@@ -4,8 +4,10 @@
 //! ```text
 //! connection task: handshake ─► accept streams (drives all frame I/O) ─► GOAWAY on drain/idle
 //! stream task:     request ─► HTTP/1.1 bytes ─► virtual connection ─► proxy path (unchanged)
-//!                  response ◄─ HTTP/1.1 bytes ◄──────────────────────┘ ─► HEADERS / DATA frames
+//!                  response ◄─ typed head + body bytes ◄─────────────┘ ─► HEADERS / DATA frames
 //! ```
+//!
+//! (A relayed response's head comes typed; the proxy's own answers come as HTTP/1.1 bytes.)
 //!
 //! Every stream runs through the same request path as HTTP/1.1 (see [`bridge`]), so routes,
 //! limits, admission, retries and error envelopes behave identically. Limits: concurrent
@@ -31,9 +33,11 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use self::bridge::Read;
 use crate::error::ErrorKind;
 use crate::http1::{
-    parse_response, BodyFraming, ChunkedDecoder, Method, ResponseHead, Step, MAX_HEADERS_HARD_LIMIT,
+    parse_response, BodyFraming, ChunkedDecoder, Method, ResponseEdits, ResponseHead, Step,
+    MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
 use crate::worker::Worker;
@@ -459,7 +463,7 @@ async fn relay_response(
     };
     // What was read is parsed before more is awaited: a final head may have come in the
     // same read as the 100 before it (the proxy side may be done and gone by then).
-    let head_len = loop {
+    let (resp, framing) = loop {
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
                 // 100 Continue: ringway's own answer to `expect: 100-continue` (no upstream
@@ -474,8 +478,14 @@ async fn relay_response(
                 continue;
             }
             Ok(Some(len)) => {
+                // A response the proxy wrote as bytes (its own answers: errors, redirects).
                 watch.pause();
-                break len;
+                let Some(resp) = h2_response(&rh, &buf[..len], None) else {
+                    respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                    return;
+                };
+                buf.advance(len);
+                break (resp, rh.framing);
             }
             Ok(None) => {}
             Err(_) => {
@@ -485,30 +495,34 @@ async fn relay_response(
         }
         let next = read_unless_reset(end, &mut buf, &mut watch, |cx| respond.poll_reset(cx)).await;
         match next {
-            Some(true) => {}
+            Some(Read::Bytes) => {}
+            // A relayed response, typed: only a part of a head could be left unparsed.
+            Some(Read::Head(start)) if buf.is_empty() => {
+                watch.pause();
+                break (start.head, start.body);
+            }
+            Some(Read::Head(_)) => {
+                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
             // The client reset the stream while the response was awaited.
             None => return,
-            Some(false) => {
+            Some(Read::End) => {
                 // No response: the client went away (nothing can be sent).
                 respond.send_reset(h2::Reason::CANCEL);
                 return;
             }
         }
     };
-    let Some(resp) = h2_response(&rh, &buf[..head_len]) else {
-        respond.send_reset(h2::Reason::INTERNAL_ERROR);
-        return;
-    };
-    buf.advance(head_len);
     // An empty body ends with the HEADERS frame (gRPC's trailers-only responses must).
-    let no_body = matches!(rh.framing, BodyFraming::None | BodyFraming::Length(0));
+    let no_body = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
     let Ok(mut send) = respond.send_response(resp, no_body) else {
         return;
     };
     if no_body {
         return;
     }
-    let mut remaining = match rh.framing {
+    let mut remaining = match framing {
         BodyFraming::Length(n) => n,
         _ => u64::MAX,
     };
@@ -516,7 +530,7 @@ async fn relay_response(
     let mut trailer_bytes = Vec::new();
     loop {
         // Data ready in `buf`: send what belongs to the body.
-        let data = match rh.framing {
+        let data = match framing {
             BodyFraming::Length(_) => {
                 let n = (buf.len() as u64).min(remaining) as usize;
                 remaining -= n as u64;
@@ -533,7 +547,7 @@ async fn relay_response(
         };
         // The last bytes of a Content-Length body end the stream in their own DATA frame
         // (not in an empty one after them: one frame less per response).
-        let last = matches!(rh.framing, BodyFraming::Length(_)) && remaining == 0;
+        let last = matches!(framing, BodyFraming::Length(_)) && remaining == 0;
         if (!data.is_empty() || last) && !send_data(&mut send, data, last, send_timeout).await {
             return;
         }
@@ -541,7 +555,7 @@ async fn relay_response(
             return;
         }
         // (A Content-Length body ended above.)
-        let done = matches!(rh.framing, BodyFraming::Chunked) && decoder.is_done();
+        let done = matches!(framing, BodyFraming::Chunked) && decoder.is_done();
         if done {
             // Trailer fields of a chunked body become HTTP/2 trailers (gRPC's status).
             let sent = trailers(&trailer_bytes).is_some_and(|map| send.send_trailers(map).is_ok());
@@ -553,13 +567,13 @@ async fn relay_response(
         // Sending may have left the stream's waker with h2's capacity wait: look again.
         watch.disarm();
         match read_unless_reset(end, &mut buf, &mut watch, |cx| send.poll_reset(cx)).await {
-            Some(true) => {}
+            Some(Read::Bytes) => {}
             None => return, // the client reset the stream
-            Some(false) if matches!(rh.framing, BodyFraming::UntilClose) && !end.aborted() => {
+            Some(Read::End) if matches!(framing, BodyFraming::UntilClose) && !end.aborted() => {
                 let _ = send.send_data(Bytes::new(), true);
                 return;
             }
-            Some(false) => {
+            Some(Read::Head(_)) | Some(Read::End) => {
                 // Cut short upstream: the client must not take it for complete.
                 send.send_reset(h2::Reason::INTERNAL_ERROR);
                 return;
@@ -568,15 +582,15 @@ async fn relay_response(
     }
 }
 
-/// The proxy's next response bytes into `buf` (`Some(false)` at their end), unless the client
-/// resets the stream first (`None`): a cancelled call is noticed while the upstream is
+/// The proxy's next response bytes into `buf` (or its typed head, or their end), unless the
+/// client resets the stream first (`None`): a cancelled call is noticed while the upstream is
 /// quiet, not only at its next bytes.
 async fn read_unless_reset(
     end: &bridge::StreamEnd,
     buf: &mut BytesMut,
     watch: &mut ResetWatch,
     mut reset: impl FnMut(&mut Context<'_>) -> Poll<Result<h2::Reason, h2::Error>>,
-) -> Option<bool> {
+) -> Option<Read> {
     let mut read = std::pin::pin!(end.read_into(buf));
     poll_fn(|cx| {
         if let Poll::Ready(more) = read.as_mut().poll(cx) {
@@ -668,19 +682,33 @@ impl ResetWatch {
     }
 }
 
-/// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes):
-/// connection-specific fields are left out, and the request id is never indexed by HPACK
+/// The HTTP/2 response for a parsed HTTP/1.1 response head (`head` holds its bytes).
+/// `edits`: the head is an upstream's, to be given the edits the proxy makes to a relayed
+/// head ([`crate::http1::write_response_head`]'s: its own framing, date and request id);
+/// without, it is the proxy's own response as written.
+///
+/// Connection-specific fields are left out, and the request id is never indexed by HPACK
 /// (unique per response, it would only churn the connection's header table). Each value is
 /// a copy of its own: HPACK's table keeps the values it indexes, and a value sharing a larger
 /// buffer would keep all of it alive. `None` for a field HTTP/2 cannot carry.
-fn h2_response(rh: &ResponseHead, head: &[u8]) -> Option<http::Response<()>> {
+pub fn h2_response(
+    rh: &ResponseHead,
+    head: &[u8],
+    edits: Option<&ResponseEdits<'_>>,
+) -> Option<http::Response<()>> {
     use crate::http1::HeaderKind;
+    use http::header::{CONTENT_LENGTH, DATE};
     let mut resp = http::Response::new(());
     *resp.status_mut() = http::StatusCode::from_u16(rh.status).ok()?;
     let map = resp.headers_mut();
-    map.reserve(rh.headers.len());
+    map.reserve(rh.headers.len() + 3);
+    let mut dated = false;
     for h in &rh.headers {
-        if h.hop || h.kind == HeaderKind::TransferEncoding {
+        dated |= h.kind == HeaderKind::Date;
+        // An upstream's framing and request id are replaced by the proxy's.
+        let replaced =
+            edits.is_some() && matches!(h.kind, HeaderKind::ContentLength | HeaderKind::XRequestId);
+        if h.hop || h.kind == HeaderKind::TransferEncoding || replaced {
             continue;
         }
         let mut value = http::HeaderValue::from_bytes(h.value.get(head)).ok()?;
@@ -691,6 +719,17 @@ fn h2_response(rh: &ResponseHead, head: &[u8]) -> Option<http::Response<()>> {
             http::HeaderName::from_bytes(h.name.get(head)).ok()?
         };
         map.append(name, value);
+    }
+    if let Some(edits) = edits {
+        if !dated && !edits.date.is_empty() {
+            map.append(DATE, http::HeaderValue::from_bytes(edits.date).ok()?);
+        }
+        if let BodyFraming::Length(n) = edits.framing {
+            map.append(CONTENT_LENGTH, http::HeaderValue::from(n));
+        }
+        let mut rid = http::HeaderValue::from_bytes(edits.request_id).ok()?;
+        rid.set_sensitive(true);
+        map.append(http::HeaderName::from_static("x-request-id"), rid);
     }
     Some(resp)
 }
@@ -826,7 +865,7 @@ mod tests {
         let len = parse_response(raw, MAX_HEADERS_HARD_LIMIT, Method::Get, &mut rh)
             .unwrap()
             .unwrap();
-        h2_response(&rh, &raw[..len]).expect("convertible")
+        h2_response(&rh, &raw[..len], None).expect("convertible")
     }
 
     #[test]

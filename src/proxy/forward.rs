@@ -1719,7 +1719,13 @@ async fn relay_response(
         upgrade: false,
         date: &date,
     };
-    if write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {
+    // An HTTP/2 stream takes the head typed (it would only parse the bytes back); it is
+    // handed over with the first body bytes, below.
+    let typed = match &conn.stream {
+        ClientStream::Virtual(_) => crate::h2::h2_response(resp, ubuf.data(), Some(&edits)),
+        _ => None,
+    };
+    if typed.is_none() && write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
             .with_cause("response head too large to relay");
         log_upstream(info, up_name, Some(upc.addr()), &err);
@@ -1743,11 +1749,25 @@ async fn relay_response(
         log_upstream(info, up_name, Some(upc.addr()), &e);
         return Relayed::invalid(fail(w, cg, conn, info, e, !body_read).await);
     }
+    let mut sent = Ok(());
+    if let (Some(head), ClientStream::Virtual(v)) = (typed, &conn.stream) {
+        let body = match relay {
+            Relay::None => BodyFraming::None,
+            Relay::Length(n) => BodyFraming::Length(n),
+            Relay::Chunked => BodyFraming::Chunked,
+            Relay::Dechunk | Relay::UntilClose => BodyFraming::UntilClose,
+        };
+        sent = v.put_head(crate::h2::bridge::HeadStart { head, body });
+    }
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(status);
-    let (res, _out) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
-    if res.is_err() {
+    if sent.is_ok() && !out.is_empty() {
+        sent = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool))
+            .await
+            .0;
+    }
+    if sent.is_err() {
         return Relayed {
             reuse: None,
             upstream_failure: None,
