@@ -534,7 +534,7 @@ async fn relay_response(
             BodyFraming::Length(_) => {
                 let n = (buf.len() as u64).min(remaining) as usize;
                 remaining -= n as u64;
-                buf.split_to(n).freeze()
+                take_front(&mut buf, n)
             }
             BodyFraming::Chunked => match dechunk(&mut decoder, &mut buf, &mut trailer_bytes) {
                 Ok(data) => data,
@@ -543,7 +543,7 @@ async fn relay_response(
                     return;
                 }
             },
-            _ => buf.split().freeze(),
+            _ => std::mem::take(&mut buf).freeze(),
         };
         // The last bytes of a Content-Length body end the stream in their own DATA frame
         // (not in an empty one after them: one frame less per response).
@@ -579,6 +579,16 @@ async fn relay_response(
                 return;
             }
         }
+    }
+}
+
+/// The first `n` bytes of `buf`, taken out of it. All of them are taken as the buffer they
+/// are in (a split would first make the buffer shared: an allocation per DATA frame).
+fn take_front(buf: &mut BytesMut, n: usize) -> Bytes {
+    if n == buf.len() {
+        std::mem::take(buf).freeze()
+    } else {
+        buf.split_to(n).freeze()
     }
 }
 
@@ -725,7 +735,10 @@ pub fn h2_response(
             map.append(DATE, http::HeaderValue::from_bytes(edits.date).ok()?);
         }
         if let BodyFraming::Length(n) = edits.framing {
-            map.append(CONTENT_LENGTH, http::HeaderValue::from(n));
+            // (`From<u64>` would allocate twice.)
+            let mut digits = [0; 20];
+            let n = crate::http1::encode::decimal(n, &mut digits);
+            map.append(CONTENT_LENGTH, http::HeaderValue::from_bytes(n).ok()?);
         }
         let mut rid = http::HeaderValue::from_bytes(edits.request_id).ok()?;
         rid.set_sensitive(true);
@@ -866,6 +879,16 @@ mod tests {
             .unwrap()
             .unwrap();
         h2_response(&rh, &raw[..len], None).expect("convertible")
+    }
+
+    #[test]
+    fn take_front_takes_a_part_or_the_whole_buffer() {
+        let mut buf = BytesMut::from(&b"hello world"[..]);
+        assert_eq!(&take_front(&mut buf, 6)[..], b"hello ");
+        assert_eq!(&buf[..], b"world");
+        assert_eq!(&take_front(&mut buf, 5)[..], b"world");
+        assert!(buf.is_empty());
+        assert!(take_front(&mut buf, 0).is_empty());
     }
 
     #[test]
