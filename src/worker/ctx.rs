@@ -378,8 +378,8 @@ impl Worker {
     }
 
     /// Periodic housekeeping: clock, shutdown flag, new generations and endpoints, idle pool
-    /// reaping, block pool trimming (once a second), listener changes. Returns the sockets of listeners to start accepting on, with
-    /// their configured addresses.
+    /// reaping, block pool trimming (once a second), listener changes. Returns the sockets of
+    /// listeners to start accepting on, with their configured addresses.
     pub fn tick(&self) -> Vec<NewListener> {
         self.clock.set(Instant::now());
         self.refresh_date();
