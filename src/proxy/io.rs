@@ -24,15 +24,11 @@ fn timed_out() -> io::Error {
     io::Error::from(io::ErrorKind::TimedOut)
 }
 
-/// `fut` bounded by `deadline` (no clock read: the timer wheel takes the instant as is).
-fn until<F: Future>(deadline: Instant, fut: F) -> monoio::time::Timeout<F> {
-    monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), fut)
-}
-
-/// `fut` bounded by `deadline` (`None` once it passed), as `until` does, but its timer is
-/// made only once `fut` has to wait: a timer entry costs hundreds of instructions to set up
-/// and tear down, and many operations are done at their first poll (data already there on
-/// the epoll driver, a write into an HTTP/2 stream's pipe with room).
+/// `fut` bounded by `deadline` (`None` once it passed; no clock read: the timer wheel takes
+/// the instant as is). The timer is made only once `fut` has to wait: a timer entry costs
+/// hundreds of instructions to set up and tear down, and many operations are done at their
+/// first poll (data already there on the epoll driver, a write into an HTTP/2 stream's pipe
+/// with room).
 async fn within<F: Future>(deadline: Instant, mut fut: Pin<&mut F>) -> Option<F::Output> {
     let mut timer = pin!(None::<monoio::time::Sleep>);
     poll_fn(|cx| {
@@ -105,9 +101,10 @@ pub async fn write_static_by<S: AsyncWriteRent>(
     bytes: &'static [u8],
     deadline: Instant,
 ) -> io::Result<()> {
-    match until(deadline, stream.write_all(bytes)).await {
-        Ok((r, _)) => r.map(|_| ()),
-        Err(_) => Err(timed_out()),
+    let write = pin!(stream.write_all(bytes));
+    match within(deadline, write).await {
+        Some((r, _)) => r.map(|_| ()),
+        None => Err(timed_out()),
     }
 }
 
