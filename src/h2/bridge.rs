@@ -26,7 +26,7 @@ use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut, RawBuf};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::BufResult;
 
-use crate::http1::BodyFraming;
+use crate::http1::{BodyFraming, WrittenRequest};
 
 /// Bytes a pipe holds before its writer waits.
 pub const PIPE_BYTES: usize = 64 * 1024;
@@ -171,6 +171,8 @@ impl Pipe {
 struct Pipes {
     to_proxy: RefCell<Pipe>,
     from_proxy: RefCell<Pipe>,
+    /// Where the parts of the request head (the first bytes toward the proxy) are.
+    written: RefCell<Option<WrittenRequest>>,
 }
 
 type Shared = Rc<Pipes>;
@@ -214,6 +216,12 @@ impl VirtualConn {
     /// gRPC statuses even before its head is parsed.
     pub fn is_grpc(&self) -> bool {
         self.grpc
+    }
+
+    /// Where the parts of the request head are, which the stream wrote as the first bytes
+    /// (see [`StreamEnd::put_first`]); once.
+    pub fn take_written(&self) -> Option<WrittenRequest> {
+        self.pipes.written.borrow_mut().take()
     }
 
     /// A second handle on the request direction, usable while this connection writes the
@@ -414,12 +422,14 @@ impl StreamEnd {
         true
     }
 
-    /// Makes `data` the first bytes toward the proxy, without copying them (they are appended
-    /// when the pipe holds bytes already).
-    pub fn put_first(&self, data: BytesMut) {
+    /// Makes `data`, a request head whose parts are at `written`, the first bytes toward the
+    /// proxy, without copying them. (Were bytes there already, it would go after them, to be
+    /// parsed as bytes.)
+    pub fn put_first(&self, data: BytesMut, written: WrittenRequest) {
         let mut p = self.pipes.to_proxy.borrow_mut();
         if p.data.is_empty() {
             p.data = data;
+            *self.pipes.written.borrow_mut() = Some(written);
         } else {
             p.data.extend_from_slice(&data);
         }

@@ -36,8 +36,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use self::bridge::Read;
 use crate::error::ErrorKind;
 use crate::http1::{
-    parse_response, BodyFraming, ChunkedDecoder, Method, ResponseEdits, ResponseHead, Step,
-    MAX_HEADERS_HARD_LIMIT,
+    parse_response, BodyFraming, ChunkedDecoder, HeaderField, Method, ResponseEdits, ResponseHead,
+    Span, Step, WrittenRequest, MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
 use crate::worker::Worker;
@@ -256,24 +256,49 @@ fn local_error(
     }
 }
 
-/// Writes the HTTP/1.1 head of an HTTP/2 request. `chunked`: the body length is unknown.
-fn h1_head(parts: &http::request::Parts, chunked: bool) -> BytesMut {
+/// Writes the HTTP/1.1 head of an HTTP/2 request, with where its parts are (the proxy reads
+/// it from those, without tokenizing it again). `chunked`: the body length is unknown.
+fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenRequest) {
     let mut out = BytesMut::with_capacity(256 + parts.headers.len() * 32);
+    let mut written = WrittenRequest::default();
+    let span = |out: &BytesMut, from: usize| Span {
+        start: from as u32,
+        len: (out.len() - from) as u32,
+    };
     out.extend_from_slice(parts.method.as_str().as_bytes());
+    written.method = span(&out, 0);
     out.extend_from_slice(b" ");
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let at = out.len();
     out.extend_from_slice(if target.is_empty() {
         b"/"
     } else {
         target.as_bytes()
     });
+    written.target = span(&out, at);
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // One field: `name: ` and the value `put` writes, recorded.
+    let mut field = |out: &mut BytesMut, name: &[u8], put: &mut dyn FnMut(&mut BytesMut)| {
+        let at = out.len();
+        out.extend_from_slice(name);
+        let name = span(out, at);
+        out.extend_from_slice(b": ");
+        let at = out.len();
+        put(out);
+        let value = span(out, at);
+        out.extend_from_slice(b"\r\n");
+        written.fields.push(HeaderField {
+            name,
+            value,
+            ..HeaderField::default()
+        });
+    };
     // :authority replaces Host (RFC 9113 §8.3.1).
     let authority = parts.uri.authority().map(|a| a.as_str());
     if let Some(a) = authority {
-        out.extend_from_slice(b"host: ");
-        out.extend_from_slice(a.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        field(&mut out, b"host", &mut |out| {
+            out.extend_from_slice(a.as_bytes())
+        });
     }
     let mut cookies = 0;
     for (name, value) in &parts.headers {
@@ -287,32 +312,31 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> BytesMut {
         if name == http::header::HOST && authority.is_some() {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        let value = value.as_bytes();
+        field(&mut out, name.as_str().as_bytes(), &mut |out| {
+            out.extend_from_slice(value)
+        });
     }
     // Cookie fields split over several HTTP/2 fields become one (RFC 9113 §8.2.3).
     if cookies > 0 {
-        out.extend_from_slice(b"cookie: ");
-        for (i, v) in parts
-            .headers
-            .get_all(http::header::COOKIE)
-            .iter()
-            .enumerate()
-        {
-            if i > 0 {
-                out.extend_from_slice(b"; ");
+        field(&mut out, b"cookie", &mut |out| {
+            let all = parts.headers.get_all(http::header::COOKIE);
+            for (i, v) in all.iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b"; ");
+                }
+                out.extend_from_slice(v.as_bytes());
             }
-            out.extend_from_slice(v.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
+        });
     }
     if chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        field(&mut out, b"transfer-encoding", &mut |out| {
+            out.extend_from_slice(b"chunked")
+        });
     }
     out.extend_from_slice(b"\r\n");
-    out
+    written.len = out.len();
+    (out, written)
 }
 
 /// [`stream`]'s future, built by a call of its own: the caller's `spawn_large` then has it
@@ -372,7 +396,8 @@ async fn stream(
     let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
     // The request head becomes the pipe's first bytes as it is (the proxy side is not running
     // yet; HTTP/2 bounds header lists).
-    end.put_first(h1_head(&parts, chunked));
+    let (head, written) = h1_head(&parts, chunked);
+    end.put_first(head, written);
     // One task runs the proxy side and both directions of the stream: one allocation per
     // stream, not two.
     // Built where it is pinned (a local moved into `pin!` is copied, about 9 KiB).
@@ -871,7 +896,10 @@ async fn send_data(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::http1::{parse_request, request_from_parts, HeadLimits, RequestHead};
 
     fn response(raw: &[u8]) -> http::Response<()> {
         let mut rh = ResponseHead::default();
@@ -879,6 +907,124 @@ mod tests {
             .unwrap()
             .unwrap();
         h2_response(&rh, &raw[..len], None).expect("convertible")
+    }
+
+    /// The head `h1_head` writes for `parts`, read both ways: parsed as bytes, and from the
+    /// parts it recorded. The two agree (same answer, same head), whatever the limits.
+    fn check_written(parts: &http::request::Parts, chunked: bool, limits: &HeadLimits) {
+        let (bytes, written) = h1_head(parts, chunked);
+        assert_eq!(written.len, bytes.len());
+        let mut parsed = RequestHead::default();
+        let by_bytes = parse_request(&bytes, limits, &mut parsed);
+        let mut read = RequestHead::default();
+        let by_parts = request_from_parts(&bytes, &written, limits, &mut read);
+        assert_eq!(
+            by_bytes,
+            by_parts.map(Some),
+            "{:?}",
+            String::from_utf8_lossy(&bytes)
+        );
+        if by_bytes.is_ok() {
+            assert_eq!(format!("{parsed:?}"), format!("{read:?}"));
+        }
+    }
+
+    fn request(method: &str, uri: &str, fields: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder().method(method).uri(uri);
+        for (n, v) in fields {
+            b = b.header(*n, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_written_head_reads_as_its_bytes_parse() {
+        let limits = HeadLimits::default();
+        let get = request(
+            "GET",
+            "http://a.example:8080/p/q?x=1",
+            &[("cookie", "a=1"), ("accept", " */* "), ("cookie", "b=2")],
+        );
+        check_written(&get, false, &limits);
+        let post = request("POST", "/up", &[("content-type", "text/plain")]);
+        check_written(&post, true, &limits);
+        // Refusals agree too: a bad length, framing twice, an expectation, too many fields,
+        // a request line too long.
+        let bad = request("POST", "/", &[("content-length", "x")]);
+        check_written(&bad, false, &limits);
+        check_written(
+            &request("POST", "/", &[("content-length", "3")]),
+            true,
+            &limits,
+        );
+        check_written(&request("GET", "/", &[("expect", "later")]), false, &limits);
+        let few = HeadLimits {
+            max_headers: 1,
+            ..HeadLimits::default()
+        };
+        check_written(&get, false, &few);
+        let short = HeadLimits {
+            max_request_line_bytes: 8,
+            max_headers: 1,
+            ..HeadLimits::default()
+        };
+        check_written(&get, false, &short);
+    }
+
+    fn field_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("content-length".to_string()),
+            Just("transfer-encoding".to_string()),
+            Just("connection".to_string()),
+            Just("expect".to_string()),
+            Just("cookie".to_string()),
+            Just("host".to_string()),
+            Just("upgrade".to_string()),
+            Just("x-forwarded-for".to_string()),
+            Just("x-request-id".to_string()),
+            "[a-z][a-z0-9-]{0,12}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn written_heads_read_as_their_bytes_parse(
+            method in prop_oneof![
+                Just("GET".to_string()),
+                Just("POST".to_string()),
+                Just("HEAD".to_string()),
+                "[A-Z]{1,8}",
+            ],
+            authority in proptest::option::of("[a-z0-9.-]{1,12}(:[0-9]{1,5})?"),
+            path in "/[a-zA-Z0-9/._~%!$&'()*+,;=:@?-]{0,30}",
+            fields in proptest::collection::vec(
+                (field_name(), prop_oneof!["[0-9]{1,4}", "[ \t!-~]{0,16}"]),
+                0..10,
+            ),
+            chunked in any::<bool>(),
+            max_headers in prop_oneof![Just(3usize), Just(100)],
+            max_line in prop_oneof![Just(16usize), Just(8192)],
+            max_head in prop_oneof![Just(96usize), Just(16 * 1024)],
+        ) {
+            let uri = match &authority {
+                Some(a) => format!("http://{a}{path}"),
+                None => path,
+            };
+            let mut b = http::Request::builder().method(method.as_str()).uri(uri);
+            for (n, v) in &fields {
+                b = b.header(n.as_str(), v.as_str());
+            }
+            let Ok(req) = b.body(()) else {
+                return Ok(());
+            };
+            let limits = HeadLimits {
+                max_headers,
+                max_request_line_bytes: max_line,
+                max_head_bytes: max_head,
+                encoded_slashes: false,
+            };
+            check_written(&req.into_parts().0, chunked, &limits);
+        }
     }
 
     #[test]

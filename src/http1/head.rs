@@ -263,6 +263,81 @@ pub fn parse_request(
             });
         }
     };
+    // Request line. httparse returned Complete, so all three parts are present.
+    let method = req.method.unwrap_or("").as_bytes();
+    let target = req.path.unwrap_or("").as_bytes();
+    let version = if req.version == Some(0) {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    let fields = req.headers.iter().map(|h| (h.name.as_bytes(), h.value));
+    read_request(buf, len, (method, target, version), fields, limits, head).map(Some)
+}
+
+/// Where the parts of a request head are that ringway wrote itself (an HTTP/2 request as
+/// HTTP/1.1, see `h2::bridge`): such a head is read with [`request_from_parts`], without
+/// tokenizing its bytes again.
+#[derive(Debug, Default)]
+pub struct WrittenRequest {
+    /// Head length in bytes, through the empty line.
+    pub len: usize,
+    /// The method token.
+    pub method: Span,
+    /// The request target.
+    pub target: Span,
+    /// Each field's name and value (their kinds are left to the reading).
+    pub fields: FieldList,
+}
+
+/// Reads an HTTP/1.1 request head that ringway wrote itself into `buf` (its parts at
+/// `parts`), with every check and limit of [`parse_request`] but the tokenizing: what it is
+/// made of already passed a stricter syntax (HTTP/2's field and `:path` rules).
+pub fn request_from_parts(
+    buf: &[u8],
+    parts: &WrittenRequest,
+    limits: &HeadLimits,
+    head: &mut RequestHead,
+) -> Result<usize, ParseError> {
+    let within = |s: &Span| s.end() <= parts.len;
+    let in_place = parts.len <= buf.len()
+        && within(&parts.method)
+        && within(&parts.target)
+        && parts
+            .fields
+            .iter()
+            .all(|f| within(&f.name) && within(&f.value));
+    if !in_place {
+        return Err(ParseError::Malformed("invalid request head"));
+    }
+    if parts.fields.len() > limits.max_headers.clamp(1, MAX_HEADERS_HARD_LIMIT) {
+        // (As the parser answers: a request line too long first.)
+        check_request_line(buf, limits)?;
+        return Err(ParseError::TooManyHeaders);
+    }
+    let line = (
+        parts.method.get(buf),
+        parts.target.get(buf),
+        Version::Http11,
+    );
+    let fields = parts
+        .fields
+        .iter()
+        .map(|f| (f.name.get(buf), f.value.get(buf)));
+    read_request(buf, parts.len, line, fields, limits, head)
+}
+
+/// The checks and the reading of a request head whose parts are known (`line`: method,
+/// target, version; `fields`: names and values as sent), which is the first `len` bytes of
+/// `buf`; every slice lies in `buf`.
+fn read_request<'a>(
+    buf: &'a [u8],
+    len: usize,
+    line: (&'a [u8], &'a [u8], Version),
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    limits: &HeadLimits,
+    head: &mut RequestHead,
+) -> Result<usize, ParseError> {
     check_request_line(buf, limits)?;
     if len > limits.max_head_bytes {
         return Err(ParseError::HeadTooLarge);
@@ -274,17 +349,11 @@ pub fn parse_request(
     head.host = Span::default();
     head.expect_continue = false;
 
-    // Request line. httparse returned Complete, so all three parts are present.
-    let method = req.method.unwrap_or("").as_bytes();
-    let target = req.path.unwrap_or("").as_bytes();
+    let (method, target, version) = line;
     head.method = Method::from_bytes(method);
     head.method_span = Span::of(buf, method);
     head.target = Span::of(buf, target);
-    head.version = if req.version == Some(0) {
-        Version::Http10
-    } else {
-        Version::Http11
-    };
+    head.version = version;
     if head.method == Method::Connect {
         return Err(ParseError::UnsupportedMethod);
     }
@@ -302,9 +371,8 @@ pub fn parse_request(
     let mut te_codings = 0usize;
     let mut te_last_chunked = false;
     let mut te_chunked_not_last = false;
-    for h in req.headers.iter() {
-        let name = h.name.as_bytes();
-        let value = trim_ows(h.value);
+    for (name, value) in fields {
+        let value = trim_ows(value);
         let kind = HeaderKind::classify(name);
         let field = HeaderField {
             name: Span::of(buf, name),
@@ -413,7 +481,7 @@ pub fn parse_request(
         Version::Http11 => !conn_close,
         Version::Http10 => conn_keep_alive && !conn_close,
     };
-    Ok(Some(len))
+    Ok(len)
 }
 
 /// The limits that can be checked on an incomplete head: 414 for a request line already too

@@ -16,8 +16,8 @@ pub mod head;
 pub use body::{filter_in_place, parse_content_length, ChunkedDecoder, ChunkedError, Keep, Step};
 pub use encode::{write_request_head, write_response_head, RequestEdits, ResponseEdits};
 pub use head::{
-    check_partial, may_complete_head, parse_request, parse_response, HeadLimits, ParseError,
-    RequestHead, ResponseHead, MAX_HEADERS_HARD_LIMIT,
+    check_partial, may_complete_head, parse_request, parse_response, request_from_parts,
+    HeadLimits, ParseError, RequestHead, ResponseHead, WrittenRequest, MAX_HEADERS_HARD_LIMIT,
 };
 
 /// A byte range inside a parsed head, relative to the head's first byte.

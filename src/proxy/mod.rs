@@ -30,8 +30,8 @@ use crate::buf::Block;
 use crate::error::ErrorKind;
 use crate::http1::head::TargetForm;
 use crate::http1::{
-    check_partial, may_complete_head, parse_request, BodyFraming, ChunkedDecoder, HeaderKind,
-    Method, RequestHead, ResponseHead, Version,
+    check_partial, may_complete_head, parse_request, request_from_parts, BodyFraming,
+    ChunkedDecoder, HeaderKind, Method, RequestHead, ResponseHead, Version,
 };
 use crate::net::client::{ClientStream, Peer};
 use crate::observe::metrics::add;
@@ -363,8 +363,18 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                 conn.rbuf = Some(rbuf);
                 return HeadRead::H2c;
             }
+            // A head ringway wrote itself (an HTTP/2 stream's, the connection's only one) is
+            // read from its known parts once all of it is here.
+            let written = match &conn.stream {
+                ClientStream::Virtual(v) if first => {
+                    v.take_written().filter(|h| h.len <= data.len())
+                }
+                _ => None,
+            };
             let parsed = if preface {
                 Ok(None)
+            } else if let Some(written) = written {
+                request_from_parts(data, &written, &http.limits, &mut conn.head).map(Some)
             } else if may_complete_head(data, scanned) {
                 parse_request(data, &http.limits, &mut conn.head)
             } else {
