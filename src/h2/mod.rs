@@ -261,12 +261,8 @@ fn local_error(
 fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenRequest) {
     let mut out = BytesMut::with_capacity(256 + parts.headers.len() * 32);
     let mut written = WrittenRequest::default();
-    let span = |out: &BytesMut, from: usize| Span {
-        start: from as u32,
-        len: (out.len() - from) as u32,
-    };
     out.extend_from_slice(parts.method.as_str().as_bytes());
-    written.method = span(&out, 0);
+    written.method = span_from(&out, 0);
     out.extend_from_slice(b" ");
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let at = out.len();
@@ -275,30 +271,14 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenReq
     } else {
         target.as_bytes()
     });
-    written.target = span(&out, at);
+    written.target = span_from(&out, at);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    // One field: `name: ` and the value `put` writes, recorded.
-    let mut field = |out: &mut BytesMut, name: &[u8], put: &mut dyn FnMut(&mut BytesMut)| {
-        let at = out.len();
-        out.extend_from_slice(name);
-        let name = span(out, at);
-        out.extend_from_slice(b": ");
-        let at = out.len();
-        put(out);
-        let value = span(out, at);
-        out.extend_from_slice(b"\r\n");
-        written.fields.push(HeaderField {
-            name,
-            value,
-            ..HeaderField::default()
-        });
-    };
     // :authority replaces Host (RFC 9113 §8.3.1).
     let authority = parts.uri.authority().map(|a| a.as_str());
     if let Some(a) = authority {
-        field(&mut out, b"host", &mut |out| {
-            out.extend_from_slice(a.as_bytes())
-        });
+        let field = begin_field(&mut out, b"host");
+        out.extend_from_slice(a.as_bytes());
+        end_field(&mut out, &mut written, field);
     }
     let mut cookies = 0;
     for (name, value) in &parts.headers {
@@ -312,31 +292,63 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenReq
         if name == http::header::HOST && authority.is_some() {
             continue;
         }
-        let value = value.as_bytes();
-        field(&mut out, name.as_str().as_bytes(), &mut |out| {
-            out.extend_from_slice(value)
-        });
+        let field = begin_field(&mut out, name.as_str().as_bytes());
+        out.extend_from_slice(value.as_bytes());
+        end_field(&mut out, &mut written, field);
     }
     // Cookie fields split over several HTTP/2 fields become one (RFC 9113 §8.2.3).
     if cookies > 0 {
-        field(&mut out, b"cookie", &mut |out| {
-            let all = parts.headers.get_all(http::header::COOKIE);
-            for (i, v) in all.iter().enumerate() {
-                if i > 0 {
-                    out.extend_from_slice(b"; ");
-                }
-                out.extend_from_slice(v.as_bytes());
+        let field = begin_field(&mut out, b"cookie");
+        for (i, v) in parts
+            .headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .enumerate()
+        {
+            if i > 0 {
+                out.extend_from_slice(b"; ");
             }
-        });
+            out.extend_from_slice(v.as_bytes());
+        }
+        end_field(&mut out, &mut written, field);
     }
     if chunked {
-        field(&mut out, b"transfer-encoding", &mut |out| {
-            out.extend_from_slice(b"chunked")
-        });
+        let field = begin_field(&mut out, b"transfer-encoding");
+        out.extend_from_slice(b"chunked");
+        end_field(&mut out, &mut written, field);
     }
     out.extend_from_slice(b"\r\n");
     written.len = out.len();
     (out, written)
+}
+
+/// The bytes of `out` from `from` on.
+fn span_from(out: &BytesMut, from: usize) -> Span {
+    Span {
+        start: from as u32,
+        len: (out.len() - from) as u32,
+    }
+}
+
+/// Writes `name: `; the value follows, then [`end_field`]. The name's span and where the
+/// value starts.
+fn begin_field(out: &mut BytesMut, name: &[u8]) -> (Span, usize) {
+    let at = out.len();
+    out.extend_from_slice(name);
+    let name = span_from(out, at);
+    out.extend_from_slice(b": ");
+    (name, out.len())
+}
+
+/// Ends the field [`begin_field`] started, and records it.
+fn end_field(out: &mut BytesMut, written: &mut WrittenRequest, (name, at): (Span, usize)) {
+    let value = span_from(out, at);
+    out.extend_from_slice(b"\r\n");
+    written.fields.push(HeaderField {
+        name,
+        value,
+        ..HeaderField::default()
+    });
 }
 
 /// [`stream`]'s future, built by a call of its own: the caller's `spawn_large` then has it
