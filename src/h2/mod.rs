@@ -752,10 +752,13 @@ pub fn h2_response(
     let mut dated = false;
     for h in &rh.headers {
         dated |= h.kind == HeaderKind::Date;
-        // An upstream's framing and request id are replaced by the proxy's.
-        let replaced =
-            edits.is_some() && matches!(h.kind, HeaderKind::ContentLength | HeaderKind::XRequestId);
-        if h.hop || h.kind == HeaderKind::TransferEncoding || replaced {
+        // An upstream's head keeps what a relayed HTTP/1.1 head keeps; the proxy's own keeps
+        // its framing length and request id.
+        let kept = match edits {
+            Some(_) => crate::http1::encode::kept_when_relayed(h),
+            None => !h.hop && h.kind != HeaderKind::TransferEncoding,
+        };
+        if !kept {
             continue;
         }
         let mut value = http::HeaderValue::from_bytes(h.value.get(head)).ok()?;

@@ -6,7 +6,7 @@
 //! ambiguous spelling never reaches the next hop), and the fields the edits replace.
 
 use super::head::upgrade_protocols;
-use super::{reason_phrase, BodyFraming, HeaderKind, RequestHead, ResponseHead};
+use super::{reason_phrase, BodyFraming, HeaderField, HeaderKind, RequestHead, ResponseHead};
 use crate::buf::{Block, Full};
 
 /// How X-Forwarded-For is written.
@@ -125,6 +125,17 @@ pub fn write_request_head(
     out.put(b"\r\n\r\n")
 }
 
+/// Whether a relayed response head keeps this field of the upstream's as it is: not a
+/// connection-specific one, nor one the proxy writes itself (framing, request id). The
+/// HTTP/2 form of a relayed head (`h2::h2_response`) keeps the same.
+pub fn kept_when_relayed(h: &HeaderField) -> bool {
+    !h.hop
+        && !matches!(
+            h.kind,
+            HeaderKind::ContentLength | HeaderKind::TransferEncoding | HeaderKind::XRequestId
+        )
+}
+
 /// Writes the client response head for `head` (parsed from `src`) with `edits` into `out`.
 pub fn write_response_head(
     src: &[u8],
@@ -136,12 +147,7 @@ pub fn write_response_head(
     let mut dated = false;
     for h in &head.headers {
         dated |= h.kind == HeaderKind::Date;
-        let skip = h.hop
-            || matches!(
-                h.kind,
-                HeaderKind::ContentLength | HeaderKind::TransferEncoding | HeaderKind::XRequestId
-            );
-        if !skip {
+        if kept_when_relayed(h) {
             put_field(out, h.name.get(src), h.value.get(src))?;
         }
     }
