@@ -8,9 +8,10 @@
 //!
 //! Each HTTP/2 request is written as an HTTP/1.1 request into a virtual connection that the
 //! ordinary connection task serves (routes, limits, retries, breakers, error envelopes: all
-//! of it, once), and the HTTP/1.1 response it writes back is turned into HTTP/2 frames. A
-//! relayed upstream response skips the round trip through bytes for its head: the proxy
-//! hands it over as an `http::Response`, and only the body follows as bytes.
+//! of it, once), and the HTTP/1.1 response it writes back is turned into HTTP/2 frames. The
+//! request head goes with where its parts are, so the proxy reads it without tokenizing it
+//! again; a relayed upstream response skips the round trip through bytes for its head: the
+//! proxy hands it over as an `http::Response`, and only the body follows as bytes.
 //! The pipes live on one thread (`Rc<RefCell>`), hold a bounded number of bytes and wake the
 //! other side: a full pipe makes its writer wait, so backpressure runs through end to end
 //! (an HTTP/2 reader that grants no window stops the upstream relay).

@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! connection task: handshake ─► accept streams (drives all frame I/O) ─► GOAWAY on drain/idle
-//! stream task:     request ─► HTTP/1.1 bytes ─► virtual connection ─► proxy path (unchanged)
+//! stream task:     request ─► HTTP/1.1 head + its parts ─► virtual connection ─► proxy path
 //!                  response ◄─ typed head + body bytes ◄─────────────┘ ─► HEADERS / DATA frames
 //! ```
 //!
-//! (A relayed response's head comes typed; the proxy's own answers come as HTTP/1.1 bytes.)
+//! (The request head is read from the parts it was written from, not tokenized again; a
+//! relayed response's head comes typed; the proxy's own answers come as HTTP/1.1 bytes.)
 //!
 //! Every stream runs through the same request path as HTTP/1.1 (see [`bridge`]), so routes,
 //! limits, admission, retries and error envelopes behave identically. Limits: concurrent
