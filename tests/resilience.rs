@@ -101,24 +101,40 @@ fn rotating_balancers_honour_weights_and_share_a_drained_endpoints_turn() {
 
 #[test]
 fn a_slow_upload_does_not_make_its_endpoint_look_slow() {
-    let (a, b) = (Origin::ok("a"), Origin::ok("b"));
-    // The default balancer (p2c_ewma): the lower latency estimate wins.
-    let p = proxy_over("workers = 1", &quoted(&[a.addr, b.addr]), "");
-    let mut c = p.connect();
-    c.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n");
-    // A body trickling up for a second: the client's pace, not the endpoint's.
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(100));
-        c.send(b"x");
+    // `fast` answers at once; `slow` takes 50 ms for everything. The default balancer
+    // (p2c_ewma) sends a request to the endpoint with the lower latency estimate; with
+    // equal in-flight counts and two endpoints, that is all of them.
+    let fast = Origin::ok("fast");
+    let slow = Origin::start(|_| {
+        Reply::Delay(
+            Duration::from_millis(50),
+            Box::new(Reply::text(200, "slow")),
+        )
+    });
+    let p = proxy_over("workers = 1", &quoted(&[fast.addr, slow.addr]), "");
+    // A body trickling up for a second: the client's pace, not the endpoint's. Uploads go
+    // on until one lands on `fast` (at most two: once `slow` has an estimate, `fast`, with
+    // none or a lower one, wins).
+    let mut uploads = Vec::new();
+    while uploads.last().map(String::as_str) != Some("fast") {
+        assert!(uploads.len() < 2, "uploads went to {uploads:?}");
+        let mut c = p.connect();
+        c.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n");
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(100));
+            c.send(b"x");
+        }
+        let r = c.read_response(false).unwrap();
+        assert_eq!(r.status, 200);
+        uploads.push(r.text());
     }
-    let r = c.read_response(false).unwrap();
-    assert_eq!(r.status, 200);
-    let uploaded_to = r.text();
-    let counts = spread(&p, 100, 1, "/");
-    let got = counts.get(&uploaded_to).copied().unwrap_or(0);
+    // Had the second of upload counted as `fast`'s latency, `slow` (50 ms) would look the
+    // cheaper and take every request; `fast` keeps them but for `slow`'s first probe.
+    let counts = spread(&p, 20, 1, "/");
+    let got = counts.get("fast").copied().unwrap_or(0);
     assert!(
-        got >= 10,
-        "{uploaded_to} took {got} of 100 after the upload: {counts:?}"
+        got >= 15,
+        "fast took {got} of 20 after the upload: {counts:?}"
     );
 }
 
