@@ -403,6 +403,38 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
 }
 
 #[test]
+fn a_client_holding_the_admin_listener_does_not_stop_others_and_the_rest_are_capped() {
+    use ringway::control::admin::MAX_CONCURRENT;
+    let dir = Dir::new("admin-concurrent");
+    let (server, _) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let admin = server.admin_addr().unwrap();
+    // Connected, sending nothing: each holds its exchange up to the 5 s head deadline.
+    let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(admin).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    assert_eq!(support::admin(admin, "GET", "/-/upstreams").0, 200);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    // All slots held: the next is told so at once, not queued behind them.
+    silent.extend((3..MAX_CONCURRENT).map(|_| TcpStream::connect(admin).unwrap()));
+    let mut busy = String::new();
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            busy = support::admin(admin, "GET", "/-/upstreams").1;
+            busy.contains("\"busy\"")
+        }),
+        "{busy}"
+    );
+    // Slots come back as their clients go.
+    drop(silent);
+    assert!(wait_until(Duration::from_secs(3), || {
+        support::admin(admin, "GET", "/-/upstreams").0 == 200
+    }));
+    server.shutdown();
+    server.join();
+}
+
+#[test]
 fn turning_upstream_tls_on_by_reload_never_reuses_a_cleartext_connection() {
     use std::io::Read;
     // An origin that answers cleartext requests and notes a TLS ClientHello (first byte

@@ -1,5 +1,6 @@
-//! The admin listener: operator endpoints, served by a plain thread off the workers, one
-//! request per connection. Bound to loopback unless configured otherwise.
+//! The admin listener: operator endpoints, served by plain threads off the workers (one per
+//! exchange, at most [`MAX_CONCURRENT`] at once), one request per connection. Bound to
+//! loopback unless configured otherwise.
 //!
 //! - `POST /-/reload`: reload the config file now; 200 `{"generation":N}`, or 422 with the
 //!   reason the running config was kept (the admin listener is for operators, so the reason is
@@ -13,7 +14,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,29 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
 /// Largest admin request head.
 const MAX_HEAD: usize = 16 * 1024;
+/// Admin exchanges served at once, each on its own thread: a client that trickles its head,
+/// or a reload in progress, holds one of them and not the listener. One more is answered
+/// 503 `busy` at once.
+pub const MAX_CONCURRENT: usize = 8;
+/// Longest the accepting thread spends on a connection it refuses.
+const BUSY_LINGER: Duration = Duration::from_millis(50);
+
+/// One of the [`MAX_CONCURRENT`] slots, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
+        let slot = Slot(active.clone());
+        // (A refused take is given back by the drop.)
+        (active.fetch_add(1, Ordering::AcqRel) < MAX_CONCURRENT).then_some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Serves admin requests on `listener` until `stop` is set.
 pub fn serve(
@@ -41,11 +65,26 @@ pub fn serve(
         tracing::error!("admin listener: cannot set non-blocking; admin endpoints are off");
         return;
     }
+    let active = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
-                handle(stream, &shared, &commands);
+                let Some(slot) = Slot::take(&active) else {
+                    refuse_busy(stream);
+                    continue;
+                };
+                let (shared, commands) = (shared.clone(), commands.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("ringway-admin-conn".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        handle(stream, &shared, &commands);
+                    });
+                // (A thread that could not start dropped its connection and slot.)
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "admin: cannot spawn a thread for a request");
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 #[allow(clippy::disallowed_methods)] // the admin thread is not a worker
@@ -60,9 +99,33 @@ pub fn serve(
     }
 }
 
+/// Answers 503 `busy` on the accepting thread, within [`BUSY_LINGER`]: the answer, then
+/// the client's request read and dropped until it closes (closing on unread bytes would reset
+/// the connection, and the client could lose the answer).
+fn refuse_busy(mut stream: TcpStream) {
+    let deadline = std::time::Instant::now() + BUSY_LINGER;
+    let _ = stream.set_write_timeout(Some(BUSY_LINGER));
+    reply(
+        &mut stream,
+        503,
+        "{\"error\":{\"code\":\"busy\",\"message\":\"too many admin requests at once\"}}",
+    );
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut sink = [0u8; 1024];
+    while let Some(left) = deadline
+        .checked_duration_since(std::time::Instant::now())
+        .filter(|d| !d.is_zero())
+    {
+        let _ = stream.set_read_timeout(Some(left));
+        if !matches!(stream.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
+}
+
 fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
-    // One deadline for the whole request head: a client trickling bytes cannot hold the
-    // (single) admin thread longer than READ_TIMEOUT.
+    // One deadline for the whole request head: a client trickling bytes cannot hold its
+    // admin slot longer than READ_TIMEOUT.
     let deadline = std::time::Instant::now() + READ_TIMEOUT;
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut buf = vec![0u8; MAX_HEAD];

@@ -595,7 +595,7 @@ pub fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
         .sum()
 }
 
-/// One request to the admin listener (a plain thread, one request per connection): the status
+/// One request to the admin listener (plain threads, one request per connection): the status
 /// and the body.
 pub fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
