@@ -54,7 +54,8 @@ impl RequestId {
 /// counter, as 32 lowercase hex digits.
 #[derive(Debug)]
 pub struct RequestIds {
-    prefix: u64,
+    /// The prefix, as the 16 hex digits every id starts with.
+    prefix: [u8; 16],
     counter: Cell<u64>,
 }
 
@@ -69,8 +70,10 @@ impl RequestIds {
                 .map_or(0, |d| d.as_nanos()),
         );
         h.write_u32(std::process::id());
+        let mut prefix = [0; 16];
+        hex(h.finish(), &mut prefix);
         RequestIds {
-            prefix: h.finish(),
+            prefix,
             counter: Cell::new(0),
         }
     }
@@ -80,7 +83,7 @@ impl RequestIds {
         let n = self.counter.get().wrapping_add(1);
         self.counter.set(n);
         let mut bytes = [0u8; MAX_REQUEST_ID_BYTES];
-        hex(self.prefix, &mut bytes[..16]);
+        bytes[..16].copy_from_slice(&self.prefix);
         hex(n, &mut bytes[16..32]);
         RequestId { bytes, len: 32 }
     }
