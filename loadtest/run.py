@@ -281,6 +281,9 @@ def main():
     ap.add_argument("--loadgen-cpu", type=int, default=0)
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--ringway", default=None, metavar="BINARY",
+                    help="the ringway binary of target `ringway` (default target/release/ringway; "
+                         "scripts/pgo-build.sh makes target/pgo/ringway)")
     ap.add_argument("--baseline", default=None, metavar="BINARY",
                     help="another ringway binary (an earlier build) run as target `baseline` with the same "
                          "config, for before/after ratios of a change")
@@ -342,7 +345,7 @@ def run_all(args, targets, scenarios, rounds, duration):
             f.write(text)
         return path
 
-    rw = os.path.join(ROOT, "target/release/ringway")
+    rw = os.path.abspath(args.ringway) if args.ringway else os.path.join(ROOT, "target/release/ringway")
     for t in targets:
         port = PORTS.get(t)
         if t == "ringway":
