@@ -17,6 +17,7 @@
 # CPU; and it says nothing of the kernel's share, which the proxies pay about alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source loadtest/lib.sh
 
 N=20000
 if [ "${1:-}" = "--requests" ]; then
@@ -113,14 +114,6 @@ mkdir -p "$WORK/nginx-body" "$WORK/nginx-proxy"
 target/release/examples/origin "127.0.0.1:$ORIGIN_PORT" >/dev/null 2>&1 &
 pids+=($!)
 
-wait_port() {
-    for _ in $(seq 1 200); do
-        (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1" >&2
-    return 1
-}
 wait_port "$ORIGIN_PORT"
 
 load() { # mode count port

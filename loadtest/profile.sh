@@ -15,6 +15,7 @@
 # own overhead inflates the absolute figures, and this machine's speed drifts over the day.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source loadtest/lib.sh
 
 SECONDS_SAMPLED=5
 if [ "${1:-}" = "--seconds" ]; then
@@ -50,14 +51,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 1 100); do
-        (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1" >&2
-    return 1
-}
 
 template() { # file -> the file with run.sh's placeholders filled in
     sed -e "s|{PORT}|$PORT|g; s|{H2C_PORT}|$H2C_PORT|g; s|{TLS_PORT}|$TLS_PORT|g" \
