@@ -42,7 +42,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== instrumented build (target/pgo-gen)"
-RUSTFLAGS="-Cprofile-generate=$WORK/build-profiles" CARGO_TARGET_DIR=target/pgo-gen \
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$WORK/build-profiles" CARGO_TARGET_DIR=target/pgo-gen \
     cargo build --release --locked --bin ringway
 cargo build --release --locked --example origin
 
@@ -84,7 +84,7 @@ wait "$ringway" || true
 "$PROFDATA" merge -o "$WORK/ringway.profdata" "$WORK"/train/ringway-*.profraw
 
 echo "== optimized build (target/pgo-use)"
-RUSTFLAGS="-Cprofile-use=$WORK/ringway.profdata" \
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$WORK/ringway.profdata" \
     CARGO_TARGET_DIR=target/pgo-use cargo build --release --locked --bin ringway
 mkdir -p "$(dirname "$OUT")"
 cp target/pgo-use/release/ringway "$OUT"
