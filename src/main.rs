@@ -1,5 +1,6 @@
 //! The `ringway` binary: arguments → config → server; no logic of its own.
 
+use std::alloc::GlobalAlloc;
 use std::process::ExitCode;
 
 use ringway::cli::{self, Command, USAGE};
@@ -19,56 +20,180 @@ static GLOBAL: Allocator = Allocator;
 /// keep-alive connection then held its whole head block (33 KiB per idle connection against
 /// 18.6). Each side frees what it allocated: the size class decides, and it is fixed by the
 /// layout `dealloc` gets back.
+///
+/// mimalloc is asked for plain blocks only (`mi_malloc`: 8-byte aligned). A small block with
+/// a larger alignment (16, or 128 for a task whose future holds one of monoio's timers: one
+/// per HTTP/2 stream) is cut from a larger plain block here. mimalloc's aligned entry point
+/// over-allocates for every block above 1 KiB whose size class is not a power of two, even at
+/// 8-byte alignment, at about 300 instructions a block, and marks the block's page so that
+/// each later free on it takes the slow path.
 struct Allocator;
 
 /// Allocations of at least this many bytes go to the system allocator.
 const LARGE: usize = 16 * 1024;
 
-/// The allocator that serves allocations of `size` bytes.
-fn side(size: usize) -> &'static dyn std::alloc::GlobalAlloc {
-    if size >= LARGE {
-        &std::alloc::System
-    } else {
-        &mimalloc::MiMalloc
+/// The alignment of every block from either allocator (glibc's is 16).
+const PLAIN_ALIGN: usize = 8;
+
+/// Whether `layout` is cut from a larger plain block (see [`Allocator`]).
+fn over_aligned(layout: std::alloc::Layout) -> bool {
+    layout.align() > PLAIN_ALIGN && layout.size() < LARGE
+}
+
+/// The plain block that holds an over-aligned `layout`: room for the alignment, and for the
+/// pointer to the block's start kept just below the aligned address. `None` past `isize`.
+fn outer_layout(layout: std::alloc::Layout) -> Option<std::alloc::Layout> {
+    let size = layout.size().checked_add(layout.align())?;
+    std::alloc::Layout::from_size_align(size, PLAIN_ALIGN).ok()
+}
+
+/// A plain block of `layout` (alignment at most [`PLAIN_ALIGN`]) from the side its size picks.
+///
+/// # Safety
+/// `layout` has a non-zero size.
+unsafe fn alloc_plain(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
+    if layout.size() >= LARGE {
+        // SAFETY: the caller's guarantee, passed on.
+        return unsafe {
+            if zeroed {
+                std::alloc::System.alloc_zeroed(layout)
+            } else {
+                std::alloc::System.alloc(layout)
+            }
+        };
+    }
+    // SAFETY: plain C allocation calls; mimalloc's blocks are 8-byte aligned at least.
+    unsafe {
+        if zeroed {
+            libmimalloc_sys::mi_zalloc(layout.size()).cast()
+        } else {
+            libmimalloc_sys::mi_malloc(layout.size()).cast()
+        }
     }
 }
 
-// SAFETY: every call is forwarded, with the caller's guarantees, to one of two allocators
-// chosen by the layout's size alone, so memory is always returned to (and resized by) the
-// allocator that gave it out; a resize across the threshold allocates on the other side,
-// copies and frees on the first.
-unsafe impl std::alloc::GlobalAlloc for Allocator {
+/// Frees a block [`alloc_plain`] gave out for `layout`.
+///
+/// # Safety
+/// `ptr` came from `alloc_plain(layout, _)` (or a resize on the same side) and is not used
+/// again.
+unsafe fn dealloc_plain(ptr: *mut u8, layout: std::alloc::Layout) {
+    if layout.size() >= LARGE {
+        // SAFETY: the system allocator gave out `ptr` for this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    } else {
+        // SAFETY: mimalloc gave out `ptr`.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
+    }
+}
+
+/// Allocates an over-aligned `layout` from a plain block of [`outer_layout`].
+///
+/// # Safety
+/// `layout` has a non-zero size and [`over_aligned`] holds for it.
+unsafe fn alloc_over_aligned(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
+    let Some(outer) = outer_layout(layout) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: `outer` has a non-zero size (more than `layout.align()`).
+    let base = unsafe { alloc_plain(outer, zeroed) };
+    if base.is_null() {
+        return base;
+    }
+    // The first aligned address past `base`: `base` is 8-aligned and the alignment a power
+    // of two above 8, so it is 8 to `align` bytes in, and `size` bytes from it end inside
+    // the block.
+    let offset = layout.align() - (base as usize & (layout.align() - 1));
+    // SAFETY: `offset` is at most `layout.align()`, inside the block; the 8 bytes below the
+    // aligned address are inside it too (at least 8 in), and 8-aligned.
+    unsafe {
+        let aligned = base.add(offset);
+        aligned.cast::<*mut u8>().sub(1).write(base);
+        aligned
+    }
+}
+
+/// Frees what [`alloc_over_aligned`] gave out for `layout`.
+///
+/// # Safety
+/// `ptr` came from `alloc_over_aligned(layout, _)` and is not used again.
+unsafe fn dealloc_over_aligned(ptr: *mut u8, layout: std::alloc::Layout) {
+    // SAFETY: the allocation succeeded, so `outer_layout` did too; the start of the block was
+    // written just below `ptr` then.
+    unsafe {
+        let outer = outer_layout(layout).unwrap_unchecked();
+        let base = ptr.cast::<*mut u8>().sub(1).read();
+        dealloc_plain(base, outer);
+    }
+}
+
+// SAFETY: every block comes from one of two allocators chosen by the layout's size alone (the
+// outer block's size for an over-aligned one), so memory is always returned to (and resized
+// by) the allocator that gave it out; an over-aligned block is found again by the pointer
+// kept below it; a resize that changes the side or is over-aligned allocates, copies and
+// frees.
+unsafe impl GlobalAlloc for Allocator {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: the caller's guarantees for `layout`, passed on.
-        unsafe { side(layout.size()).alloc(layout) }
+        // SAFETY: the caller's guarantee of a non-zero size; the path matches the layout.
+        unsafe {
+            if over_aligned(layout) {
+                alloc_over_aligned(layout, false)
+            } else if layout.align() <= PLAIN_ALIGN {
+                alloc_plain(layout, false)
+            } else {
+                std::alloc::System.alloc(layout) // large and over-aligned
+            }
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        unsafe { side(layout.size()).alloc_zeroed(layout) }
+        // SAFETY: as in `alloc`.
+        unsafe {
+            if over_aligned(layout) {
+                alloc_over_aligned(layout, true)
+            } else if layout.align() <= PLAIN_ALIGN {
+                alloc_plain(layout, true)
+            } else {
+                std::alloc::System.alloc_zeroed(layout)
+            }
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from the same side: its layout's size picked it then too.
-        unsafe { side(layout.size()).dealloc(ptr, layout) }
+        // SAFETY: the same layout picked the same path when `ptr` was allocated.
+        unsafe {
+            if over_aligned(layout) {
+                dealloc_over_aligned(ptr, layout)
+            } else if layout.align() <= PLAIN_ALIGN {
+                dealloc_plain(ptr, layout)
+            } else {
+                std::alloc::System.dealloc(ptr, layout)
+            }
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        if (layout.size() >= LARGE) == (new_size >= LARGE) {
-            // SAFETY: same side before and after; the caller's guarantees, passed on.
-            return unsafe { side(layout.size()).realloc(ptr, layout, new_size) };
+        let plain = layout.align() <= PLAIN_ALIGN;
+        if plain && layout.size() < LARGE && new_size < LARGE {
+            // SAFETY: mimalloc gave out `ptr`; its resize keeps the 8-byte alignment.
+            return unsafe { libmimalloc_sys::mi_realloc(ptr.cast(), new_size).cast() };
+        }
+        if layout.size() >= LARGE && new_size >= LARGE {
+            // SAFETY: the system allocator gave out `ptr` (plain or over-aligned, it keeps
+            // the alignment); the caller's guarantees, passed on.
+            return unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
         }
         // SAFETY: the caller guarantees that `new_size`, rounded up to the alignment, fits in
         // `isize` (GlobalAlloc::realloc's contract): the layout is valid. `ptr` holds
         // `layout.size()` bytes and the new block `new_size`; they do not overlap, and `ptr`
-        // is freed by the side that gave it out.
+        // is freed by the path that gave it out.
         unsafe {
             let new_layout =
                 std::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
-            let new = side(new_size).alloc(new_layout);
+            let new = self.alloc(new_layout);
             if !new.is_null() {
                 std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                side(layout.size()).dealloc(ptr, layout);
+                self.dealloc(ptr, layout);
             }
             new
         }
@@ -199,4 +324,89 @@ fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode
     server.join();
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::Layout;
+
+    use super::*;
+
+    /// Fills a block with a pattern of `seed` and the offset.
+    fn fill(ptr: *mut u8, len: usize, seed: u8) {
+        for i in 0..len {
+            // SAFETY: the block holds `len` bytes.
+            unsafe { ptr.add(i).write(seed.wrapping_add(i as u8)) };
+        }
+    }
+
+    fn holds(ptr: *const u8, len: usize, seed: u8) -> bool {
+        // SAFETY: the block holds at least `len` bytes.
+        (0..len).all(|i| unsafe { ptr.add(i).read() } == seed.wrapping_add(i as u8))
+    }
+
+    fn holds_zeros(ptr: *const u8, len: usize) -> bool {
+        // SAFETY: the block holds at least `len` bytes.
+        (0..len).all(|i| unsafe { ptr.add(i).read() } == 0)
+    }
+
+    #[test]
+    fn every_block_has_its_alignment_and_room() {
+        let a = Allocator;
+        for align in [1, 8, 16, 32, 64, 128, 4096] {
+            for size in [1, 24, 100, 1000, 11_392, LARGE - 1, LARGE, 70_000] {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // Several at once, so that neighbours would overwrite each other.
+                let blocks: Vec<_> = (0..4u8)
+                    .map(|seed| {
+                        // SAFETY: `layout` has a non-zero size.
+                        let p = unsafe { a.alloc(layout) };
+                        assert!(!p.is_null());
+                        assert_eq!(p as usize % align, 0, "size {size} align {align}");
+                        fill(p, size, seed);
+                        (p, seed)
+                    })
+                    .collect();
+                for (p, seed) in blocks {
+                    assert!(holds(p, size, seed), "size {size} align {align}");
+                    // SAFETY: allocated above with `layout`, freed once.
+                    unsafe { a.dealloc(p, layout) };
+                }
+                // SAFETY: as above.
+                let z = unsafe { a.alloc_zeroed(layout) };
+                assert_eq!(z as usize % align, 0);
+                assert!(holds_zeros(z, size));
+                // SAFETY: allocated above with `layout`, freed once.
+                unsafe { a.dealloc(z, layout) };
+            }
+        }
+    }
+
+    #[test]
+    fn a_resized_block_keeps_its_bytes_and_alignment_across_both_sides() {
+        let a = Allocator;
+        for align in [8, 16, 128] {
+            let mut size = 40;
+            let layout = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: non-zero size.
+            let mut p = unsafe { a.alloc(layout) };
+            fill(p, size, 7);
+            // Up across the large threshold and back down.
+            for new_size in [3_000, 20_000, 90_000, 9_000, 64] {
+                let old = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: `p` holds `old`; `new_size` is non-zero and small.
+                p = unsafe { a.realloc(p, old, new_size) };
+                assert!(!p.is_null());
+                assert_eq!(p as usize % align, 0, "align {align} size {new_size}");
+                assert!(
+                    holds(p, size.min(new_size), 7),
+                    "align {align} size {new_size}"
+                );
+                size = new_size;
+                fill(p, size, 7);
+            }
+            // SAFETY: `p` holds `size` bytes at `align`.
+            unsafe { a.dealloc(p, Layout::from_size_align(size, align).unwrap()) };
+        }
+    }
 }
