@@ -127,6 +127,26 @@ unsafe fn dealloc_over_aligned(ptr: *mut u8, layout: std::alloc::Layout) {
     }
 }
 
+/// A block for `layout` (zeroed or not) by the path its size and alignment pick; `dealloc`
+/// takes the same path back.
+///
+/// # Safety
+/// `layout` has a non-zero size.
+unsafe fn allocate(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
+    // SAFETY: the caller's guarantee; each path gets the layouts it serves.
+    unsafe {
+        if over_aligned(layout) {
+            alloc_over_aligned(layout, zeroed)
+        } else if layout.align() <= PLAIN_ALIGN {
+            alloc_plain(layout, zeroed)
+        } else if zeroed {
+            std::alloc::System.alloc_zeroed(layout) // large and over-aligned
+        } else {
+            std::alloc::System.alloc(layout)
+        }
+    }
+}
+
 // SAFETY: every block comes from one of two allocators chosen by the layout's size alone (the
 // outer block's size for an over-aligned one), so memory is always returned to (and resized
 // by) the allocator that gave it out; an over-aligned block is found again by the pointer
@@ -134,29 +154,13 @@ unsafe fn dealloc_over_aligned(ptr: *mut u8, layout: std::alloc::Layout) {
 // frees.
 unsafe impl GlobalAlloc for Allocator {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: the caller's guarantee of a non-zero size; the path matches the layout.
-        unsafe {
-            if over_aligned(layout) {
-                alloc_over_aligned(layout, false)
-            } else if layout.align() <= PLAIN_ALIGN {
-                alloc_plain(layout, false)
-            } else {
-                std::alloc::System.alloc(layout) // large and over-aligned
-            }
-        }
+        // SAFETY: the caller's guarantee of a non-zero size, passed on.
+        unsafe { allocate(layout, false) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
-        unsafe {
-            if over_aligned(layout) {
-                alloc_over_aligned(layout, true)
-            } else if layout.align() <= PLAIN_ALIGN {
-                alloc_plain(layout, true)
-            } else {
-                std::alloc::System.alloc_zeroed(layout)
-            }
-        }
+        unsafe { allocate(layout, true) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
