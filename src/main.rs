@@ -35,9 +35,27 @@ const LARGE: usize = 16 * 1024;
 /// The alignment of every block from either allocator (glibc's is 16).
 const PLAIN_ALIGN: usize = 8;
 
-/// Whether `layout` is cut from a larger plain block (see [`Allocator`]).
-fn over_aligned(layout: std::alloc::Layout) -> bool {
-    layout.align() > PLAIN_ALIGN && layout.size() < LARGE
+/// How a block of a layout is allocated and freed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// A plain block from the side its size picks ([`alloc_plain`]).
+    Plain,
+    /// Small and aligned above [`PLAIN_ALIGN`]: cut from a larger plain block
+    /// ([`alloc_over_aligned`]).
+    OverAligned,
+    /// Large and aligned above [`PLAIN_ALIGN`]: the system allocator's own aligned path.
+    SystemAligned,
+}
+
+/// The path of `layout`; the same layout takes the same path back in `dealloc`.
+fn path(layout: std::alloc::Layout) -> Path {
+    if layout.align() <= PLAIN_ALIGN {
+        Path::Plain
+    } else if layout.size() < LARGE {
+        Path::OverAligned
+    } else {
+        Path::SystemAligned
+    }
 }
 
 /// The plain block that holds an over-aligned `layout`: room for the alignment, and for the
@@ -90,7 +108,7 @@ unsafe fn dealloc_plain(ptr: *mut u8, layout: std::alloc::Layout) {
 /// Allocates an over-aligned `layout` from a plain block of [`outer_layout`].
 ///
 /// # Safety
-/// `layout` has a non-zero size and [`over_aligned`] holds for it.
+/// `layout` has a non-zero size and takes [`Path::OverAligned`].
 unsafe fn alloc_over_aligned(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
     let Some(outer) = outer_layout(layout) else {
         return std::ptr::null_mut();
@@ -135,14 +153,11 @@ unsafe fn dealloc_over_aligned(ptr: *mut u8, layout: std::alloc::Layout) {
 unsafe fn allocate(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
     // SAFETY: the caller's guarantee; each path gets the layouts it serves.
     unsafe {
-        if over_aligned(layout) {
-            alloc_over_aligned(layout, zeroed)
-        } else if layout.align() <= PLAIN_ALIGN {
-            alloc_plain(layout, zeroed)
-        } else if zeroed {
-            std::alloc::System.alloc_zeroed(layout) // large and over-aligned
-        } else {
-            std::alloc::System.alloc(layout)
+        match path(layout) {
+            Path::Plain => alloc_plain(layout, zeroed),
+            Path::OverAligned => alloc_over_aligned(layout, zeroed),
+            Path::SystemAligned if zeroed => std::alloc::System.alloc_zeroed(layout),
+            Path::SystemAligned => std::alloc::System.alloc(layout),
         }
     }
 }
@@ -166,19 +181,16 @@ unsafe impl GlobalAlloc for Allocator {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         // SAFETY: the same layout picked the same path when `ptr` was allocated.
         unsafe {
-            if over_aligned(layout) {
-                dealloc_over_aligned(ptr, layout)
-            } else if layout.align() <= PLAIN_ALIGN {
-                dealloc_plain(ptr, layout)
-            } else {
-                std::alloc::System.dealloc(ptr, layout)
+            match path(layout) {
+                Path::Plain => dealloc_plain(ptr, layout),
+                Path::OverAligned => dealloc_over_aligned(ptr, layout),
+                Path::SystemAligned => std::alloc::System.dealloc(ptr, layout),
             }
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        let plain = layout.align() <= PLAIN_ALIGN;
-        if plain && layout.size() < LARGE && new_size < LARGE {
+        if path(layout) == Path::Plain && layout.size() < LARGE && new_size < LARGE {
             // SAFETY: mimalloc gave out `ptr`; its resize keeps the 8-byte alignment.
             return unsafe { libmimalloc_sys::mi_realloc(ptr.cast(), new_size).cast() };
         }
