@@ -2,7 +2,7 @@
 # Instructions per proxied request, counted by callgrind: a deterministic before/after measure
 # for small changes to the hot path, where timed runs on a shared machine are too noisy.
 #
-#   loadtest/instructions.sh [--requests N] TARGET [TARGET...]
+#   loadtest/instructions.sh [--requests N] [--cache] TARGET [TARGET...]
 #
 # A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
 # each; the essentials of the timed run's configs: upstream keep-alive, no access log). For
@@ -11,6 +11,10 @@
 # (ringway on the epoll driver: valgrind does not follow io_uring), warms up with 2,000
 # requests, then counts the user-space instructions of the next N (default 20,000) and prints
 # them per request, with the share spent in memcpy/memmove. Kernel time is not counted.
+# --cache adds callgrind's cache and branch model (about twice as slow): per request, misses
+# in the L1 instruction cache, the L1 data cache (reads + writes) and the last level, and
+# mispredicted conditional + indirect branches. A model (no prefetcher, the host's cache
+# sizes), for comparing targets and builds, not a measurement of the CPU.
 #
 # Read it as a ratio between targets measured the same way, not as a cost: valgrind counts each
 # byte of a `rep movsb` copy as one instruction, so large copies weigh more here than on the
@@ -20,11 +24,17 @@ cd "$(dirname "$0")/.."
 source loadtest/lib.sh
 
 N=20000
-if [ "${1:-}" = "--requests" ]; then
-    N=$2
-    shift 2
-fi
-[ $# -ge 1 ] || { sed -n 2,17p "$0"; exit 2; }
+CACHE=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --requests) N=$2; shift 2 ;;
+        --cache) CACHE=1; shift ;;
+        *) break ;;
+    esac
+done
+[ $# -ge 1 ] || { sed -n 2,21p "$0"; exit 2; }
+sim=()
+[ -n "$CACHE" ] && sim=(--cache-sim=yes --branch-sim=yes)
 
 need=()
 command -v valgrind >/dev/null || need+=(valgrind)
@@ -123,7 +133,12 @@ load() { # mode count port
     esac
 }
 
-printf '%-40s %-5s %12s %12s\n' target mode instr/req memcpy
+if [ -n "$CACHE" ]; then
+    printf '%-40s %-5s %12s %12s %9s %9s %7s %11s\n' target mode instr/req memcpy \
+        L1i-miss L1d-miss LL-miss mispredict
+else
+    printf '%-40s %-5s %12s %12s\n' target mode instr/req memcpy
+fi
 for bin in "$@"; do
     case $bin in
         nginx) cmd=(nginx -c "$WORK/nginx.conf" -p "$WORK") ;;
@@ -136,7 +151,7 @@ for bin in "$@"; do
         # a port of their own.
         port=$PORT
         case $bin in nginx | haproxy) [ "$mode" = h2c ] && port=$((PORT + 1)) ;; esac
-        MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
+        MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no "${sim[@]}" \
             --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
             >/dev/null 2>"$WORK/valgrind.log" &
         rp=$!
@@ -163,7 +178,19 @@ for bin in "$@"; do
         report=$(callgrind_annotate --inclusive=no --tree=none "$dump" 2>/dev/null)
         total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' <<<"$report")
         copy=$(awk '/__mem(cpy|move)_[a-z0-9_]+ \[/ {gsub(",", "", $1); s += $1} END {print s + 0}' <<<"$report")
-        printf '%-40s %-5s %12d %11.1f%%\n' "$bin" "$mode" $((total / N)) \
-            "$(awk -v c="$copy" -v t="$total" 'BEGIN {print 100 * c / t}')"
+        share=$(awk -v c="$copy" -v t="$total" 'BEGIN {print 100 * c / t}')
+        if [ -z "$CACHE" ]; then
+            printf '%-40s %-5s %12d %11.1f%%\n' "$bin" "$mode" $((total / N)) "$share"
+            continue
+        fi
+        # The model's totals, in the order asked for, per request.
+        events=I1mr,D1mr,D1mw,ILmr,DLmr,DLmw,Bcm,Bim
+        read -r i1 d1r d1w llI llR llW bc bi < <(callgrind_annotate --show=$events "$dump" \
+            2>/dev/null | awk '/PROGRAM TOTALS/ {
+                for (i = 1; i <= NF; i++) if ($i ~ /^[0-9,]+$/) { gsub(",", "", $i); printf "%s ", $i }
+                print ""; exit }')
+        printf '%-40s %-5s %12d %11.1f%% %9d %9d %7d %11d\n' "$bin" "$mode" $((total / N)) \
+            "$share" $((i1 / N)) $(((d1r + d1w) / N)) $(((llI + llR + llW) / N)) \
+            $(((bc + bi) / N))
     done
 done
