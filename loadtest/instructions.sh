@@ -151,8 +151,8 @@ for bin in "$@"; do
         # a port of their own.
         port=$PORT
         case $bin in nginx | haproxy) [ "$mode" = h2c ] && port=$((PORT + 1)) ;; esac
-        MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no "${sim[@]}" \
-            --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
+        MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
+            "${sim[@]}" --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
             >/dev/null 2>"$WORK/valgrind.log" &
         rp=$!
         pids+=($rp)
