@@ -51,7 +51,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-
 template() { # file -> the file with run.sh's placeholders filled in
     sed -e "s|{PORT}|$PORT|g; s|{H2C_PORT}|$H2C_PORT|g; s|{TLS_PORT}|$TLS_PORT|g" \
         -e "s|{ORIGIN}|$ORIGIN|g; s|{CPU}|1|g; s|{MASK}|10|g; s|{WORK}|$WORK|g" "$1"

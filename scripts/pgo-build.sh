@@ -16,6 +16,7 @@
 # wrk and openssl (installed with apt-get when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source loadtest/lib.sh
 OUT=${1:-target/pgo/ringway}
 
 sysroot=$(rustc --print sysroot)
@@ -62,10 +63,7 @@ LLVM_PROFILE_FILE="$WORK/train/ringway-%p.profraw" \
 ringway=$!
 pids+=($ringway)
 for port in "${ORIGIN##*:}" "$PORT" "$TLS_PORT"; do
-    for _ in $(seq 1 100); do
-        (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-    done
+    wait_port "$port"
 done
 http=http://127.0.0.1:$PORT
 https=https://127.0.0.1:$TLS_PORT
