@@ -258,6 +258,15 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def paired_ratios(mine, theirs, key):
+    """Round-by-round ratios of `key` (round i of one target against round i of the other).
+    The two ran seconds apart, so a drift of the machine's speed between rounds cancels
+    out of each ratio; their median and range show how far one run's ratio of medians can be
+    trusted."""
+    return [a[key] / b[key] for a, b in zip(mine, theirs)
+            if a.get(key) is not None and b.get(key)]
+
+
 def fmt(v, unit=""):
     if v is None:
         return "-"
@@ -483,6 +492,11 @@ def report(results, targets, rounds, duration, elapsed):
                     ra, oa = r["machine_us"] - med["direct"]["machine_us"], o["machine_us"] - med["direct"]["machine_us"]
                     if oa > 0:
                         parts.append(f"added machine cpu {ra / oa:.2f}")
+                paired = paired_ratios(per["ringway"], per[other], "cpu_us")
+                if len(paired) > 1:
+                    lower = sum(1 for x in paired if x <= 1)
+                    parts.append(f"cpu per round {median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f}, "
+                                 f"at or below in {lower} of {len(paired)})")
                 lines.append(f"  ringway/{other}: " + ", ".join(p for p in parts if p))
         if "direct" in med and "ringway" in med and med["direct"]["rps"]:
             lines.append(f"  ringway/direct: req/s {med['ringway']['rps'] / med['direct']['rps']:.2f}")
