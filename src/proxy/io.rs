@@ -6,10 +6,9 @@
 //!
 //! On the per-request and per-chunk paths these are awaited as `pin!(read_by(..)).await`:
 //! built inside `pin!`, the future is made in its final place. Awaited by value, it is put
-//! together on the stack and copied into the caller's state whole (1.3–1.7 KiB, most of it
-//! the deadline's timer), once or twice per await.
+//! together on the stack and copied into the caller's state whole, once or twice per await.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
 use std::task::Poll;
@@ -19,32 +18,10 @@ use monoio::buf::IoBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use crate::buf::{Block, BufPool};
+use crate::worker::deadline::within;
 
 fn timed_out() -> io::Error {
     io::Error::from(io::ErrorKind::TimedOut)
-}
-
-/// `fut` bounded by `deadline` (`None` once it passed; no clock read: the timer wheel takes
-/// the instant as is). The timer is made only once `fut` has to wait: a timer entry costs
-/// hundreds of instructions to set up and tear down, and many operations are done at their
-/// first poll (data already there on the epoll driver, a write into an HTTP/2 stream's pipe
-/// with room).
-async fn within<F: Future>(deadline: Instant, mut fut: Pin<&mut F>) -> Option<F::Output> {
-    let mut timer = pin!(None::<monoio::time::Sleep>);
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        if timer.is_none() {
-            let at = monoio::time::Instant::from_std(deadline);
-            timer.set(Some(monoio::time::sleep_until(at)));
-        }
-        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(None),
-            _ => Poll::Pending,
-        }
-    })
-    .await
 }
 
 /// Reads once into the spare space of `buf` before `deadline`. `Ok(0)` is end of stream.

@@ -6,6 +6,7 @@
 //! close idle connections, let in-flight requests finish until `shutdown_timeout` → return.
 
 pub mod ctx;
+pub mod deadline;
 pub mod event;
 pub mod runtime;
 
