@@ -452,7 +452,7 @@ impl<'a> SlotWait<'a> {
             Some((_, until)) if w.now() >= *until => return Waited::GiveUp,
             Some(_) => {}
         }
-        let pause = monoio::time::sleep(PENDING_POLL);
+        let pause = crate::worker::deadline::sleep(PENDING_POLL);
         match unless_gone(gone, std::pin::pin!(pause)).await {
             Some(()) => Waited::Again,
             None => Waited::ClientGone,
@@ -826,7 +826,7 @@ pub(super) async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_de
     let left = total_deadline.saturating_duration_since(w.now());
     let delay = delay.min(left);
     if !delay.is_zero() {
-        monoio::time::sleep(delay).await;
+        crate::worker::deadline::sleep(delay).await;
     }
 }
 
@@ -1341,14 +1341,14 @@ async fn await_head<F>(
 where
     F: std::future::Future<Output = Result<Block, HeadError>>,
 {
-    let timed = monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), head);
+    let timed = crate::worker::deadline::within(deadline, head);
     match unless_gone(gone, std::pin::pin!(timed)).await {
-        Some(Ok(r)) => r,
+        Some(Some(r)) => r,
         None => Err(HeadError {
             error: cancelled(),
             got_bytes: true,
         }),
-        Some(Err(_)) => Err(HeadError {
+        Some(None) => Err(HeadError {
             error: Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
                 .with_cause("no response head in time"),
             got_bytes: true,

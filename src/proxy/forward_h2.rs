@@ -40,6 +40,7 @@ use crate::upstream::h2pool::StreamSlot;
 use crate::upstream::{
     Admit, ConnectError, EndpointRt, FailureClass, InFlight, PickError, Tried, UpstreamRt,
 };
+use crate::worker::deadline::{timeout_at, within};
 use crate::worker::{CoreGen, Worker};
 
 /// How long a bidirectional call's client may send nothing while its response streams down
@@ -247,9 +248,7 @@ fn still_to_stream(resp: &Option<HeadResult>) -> bool {
 /// `head` by `deadline` (`None`: whenever it comes); `None` when the deadline passed first.
 async fn head_by(head: Pin<&mut FinalHead>, deadline: Option<Instant>) -> Option<HeadResult> {
     match deadline {
-        Some(d) => monoio::time::timeout_at(monoio::time::Instant::from_std(d), head)
-            .await
-            .ok(),
+        Some(d) => within(d, head).await,
         None => Some(head.await),
     }
 }
@@ -618,21 +617,13 @@ pub(super) async fn proxy(
                 // opens: that wait counts against the response deadline, not against the
                 // (longer) send timeout of each body write.
                 let open = std::pin::pin!(stream_open(&mut stream));
-                let opened = monoio::time::timeout_at(
-                    monoio::time::Instant::from_std(head_deadline),
-                    unless_gone(gone.as_ref(), open),
-                )
-                .await;
+                let opened = timeout_at(head_deadline, unless_gone(gone.as_ref(), open)).await;
                 match opened {
                     Ok(Some(Ok(true))) => {}
                     Ok(Some(Ok(false))) => {
                         // Closed while queued (refused, or beyond a GOAWAY): its response
                         // says how, and no body byte was taken yet (it may be sent again).
-                        let head = monoio::time::timeout_at(
-                            monoio::time::Instant::from_std(head_deadline),
-                            resp,
-                        );
-                        break 'attempt match head.await {
+                        break 'attempt match timeout_at(head_deadline, resp).await {
                             Ok(Ok(r)) => Attempt::Response(r, slot),
                             Ok(Err(e)) => reset(e),
                             Err(_) => {
@@ -1035,7 +1026,7 @@ async fn relay(
         // The call's own grpc-timeout ending first is the client's doing, not a failure.
         let call_deadline = plan.grpc_deadline.filter(|&g| g <= stall);
         let idle = call_deadline.unwrap_or(stall);
-        let next = monoio::time::timeout_at(monoio::time::Instant::from_std(idle), body.data());
+        let next = timeout_at(idle, body.data());
         let Some(next) = unless_gone(gone.as_ref(), std::pin::pin!(next)).await else {
             conn.aborted = true;
             return (false, None);

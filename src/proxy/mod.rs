@@ -38,6 +38,7 @@ use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
 use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
 use crate::tls::{TlsListener, TlsStream};
+use crate::worker::deadline;
 use crate::worker::event::or_event;
 use crate::worker::{CoreGen, Worker};
 use io::read_by;
@@ -320,7 +321,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
         // A TLS connection ends with close_notify: a response delimited by the close (an
         // HTTP/1.0 client's) is then told apart from one cut short. Bounded, as in
         // `linger_close`.
-        let _ = monoio::time::timeout(LINGER_TIME, conn.stream.shutdown()).await;
+        let _ = deadline::timeout(LINGER_TIME, conn.stream.shutdown()).await;
     }
 }
 
@@ -764,7 +765,7 @@ async fn discard_body(
 async fn linger_close(w: &Worker, mut conn: ClientConn) {
     // Bounded: over TLS the shutdown writes close_notify, which a client that reads nothing
     // would never take.
-    let _ = monoio::time::timeout(LINGER_TIME, conn.stream.shutdown()).await;
+    let _ = deadline::timeout(LINGER_TIME, conn.stream.shutdown()).await;
     if matches!(conn.stream, ClientStream::Virtual(_)) {
         // An HTTP/2 stream has no kernel reset to guard against; its request side ends with
         // the stream.

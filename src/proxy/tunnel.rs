@@ -141,8 +141,8 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
         let (res, b) = {
             let mut read = std::pin::pin!(src.read(buf));
             loop {
-                let deadline = monoio::time::Instant::from_std(last.get() + idle);
-                match monoio::time::timeout_at(deadline, read.as_mut()).await {
+                let deadline = last.get() + idle;
+                match crate::worker::deadline::timeout_at(deadline, read.as_mut()).await {
                     Ok(r) => break r,
                     // The precise clock: with the coarse one (a tick behind) the next
                     // deadline could already have passed, and the loop would spin.
@@ -157,7 +157,7 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
         match res {
             Ok(0) => {
                 // Bounded: a TLS close_notify to a peer that reads nothing could wait forever.
-                let _ = monoio::time::timeout(idle, dst.shutdown()).await;
+                let _ = crate::worker::deadline::timeout(idle, dst.shutdown()).await;
                 return Ok(());
             }
             Ok(_) => last.set(w.now()),

@@ -289,7 +289,7 @@ impl TlsStream {
             sni: None,
             alpn: None,
         };
-        match monoio::time::timeout(timeout, s.handshake()).await {
+        match crate::worker::deadline::timeout(timeout, s.handshake()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(io::ErrorKind::TimedOut.into()),

@@ -88,7 +88,8 @@ where
         .max_concurrent_streams(0)
         .max_header_list_size(u32::try_from(limits.max_head).unwrap_or(u32::MAX));
     let (send, mut connection) =
-        match monoio::time::timeout(limits.connect_timeout, builder.handshake(io)).await {
+        match crate::worker::deadline::timeout(limits.connect_timeout, builder.handshake(io)).await
+        {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(std::io::Error::other(e)),
             Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
