@@ -120,6 +120,7 @@ mod tests {
 
     #[test]
     fn within_lets_a_future_finish_and_bounds_one_that_waits() {
+        crate::worker::deadline::reset_thread();
         let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()

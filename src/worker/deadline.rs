@@ -248,6 +248,8 @@ struct Deadlines {
     wheel: Wheel,
     /// Whether the driver task runs on this thread's runtime.
     driving: bool,
+    /// The running driver's generation: a driver of an older one ends at its next poll.
+    generation: u64,
     /// The tick the driver's timer is set for (`None`: it waits for a first deadline).
     armed: Option<u64>,
     driver: Option<Waker>,
@@ -258,9 +260,29 @@ thread_local! {
         base: None,
         wheel: Wheel::new(),
         driving: false,
+        generation: 0,
         armed: None,
         driver: None,
     });
+}
+
+/// Forgets this thread's driver; called before a runtime is built on the thread (see
+/// [`crate::worker::runtime::build`]). A runtime dropped with tasks still pending leaves them,
+/// the driver among them, unpolled for good (monoio frees a task only when it ends or is
+/// woken), and a second runtime on the same thread would otherwise count on that driver.
+/// Deadlines registered with the old runtime stay in the wheel until their futures are
+/// dropped, and fire (into wakers nobody polls) if they never are.
+pub fn reset_thread() {
+    let old = DEADLINES.with(|d| {
+        let mut d = d.borrow_mut();
+        d.driving = false;
+        d.generation += 1;
+        d.armed = None;
+        d.driver.take()
+    });
+    // Dropped with the wheel no longer borrowed: the last reference to the old driver's
+    // task frees it, and its `Driving` guard looks at the wheel.
+    drop(old);
 }
 
 impl Deadlines {
@@ -297,20 +319,25 @@ impl Deadline {
     /// Registers `at`, waking `waker` when it passes; `None` if it passed already. Must be
     /// called on a monoio runtime thread (the first call there starts the driver task).
     pub fn register(at: Instant, waker: &Waker) -> Option<Deadline> {
-        DEADLINES.with(|d| {
+        let (key, driver) = DEADLINES.with(|d| {
             let mut d = d.borrow_mut();
             let tick = d.tick_of(at);
             let key = d.wheel.insert(tick, waker.clone())?;
+            let mut driver = None;
             if !d.driving {
                 d.driving = true;
-                drop(monoio::spawn(drive()));
+                d.generation += 1;
+                drop(monoio::spawn(drive(d.generation)));
             } else if d.armed.is_none_or(|a| tick < a) {
-                if let Some(w) = d.driver.take() {
-                    w.wake();
-                }
+                // The driver sleeps past this deadline, or waits for a first one.
+                driver = d.driver.take();
             }
-            Some(Deadline { key })
-        })
+            Some((key, driver))
+        })?;
+        if let Some(w) = driver {
+            w.wake();
+        }
+        Some(Deadline { key })
     }
 
     /// Whether the deadline passed; if not, `cx`'s waker is the one woken when it does.
@@ -400,29 +427,34 @@ fn after(d: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// Marks the driver gone when its task ends or is dropped with its runtime, so the next
-/// registration on this thread starts another.
-struct Driving;
+/// Marks the driver gone when its task ends or is dropped, so the next registration on this
+/// thread starts another (unless a newer driver took over meanwhile).
+struct Driving(u64);
 
 impl Drop for Driving {
     fn drop(&mut self) {
         let _ = DEADLINES.try_with(|d| {
             let mut d = d.borrow_mut();
-            d.driving = false;
-            d.armed = None;
-            d.driver = None;
+            if d.generation == self.0 {
+                d.driving = false;
+                d.armed = None;
+                d.driver = None;
+            }
         });
     }
 }
 
 /// The driver: sleeps until the next tick with work, processes the ticks up to now, again.
-async fn drive() {
-    let _driving = Driving;
+async fn drive(generation: u64) {
+    let _driving = Driving(generation);
     let mut timer = std::pin::pin!(monoio::time::sleep_until(monoio::time::Instant::now()));
     let mut fired = Vec::new();
     poll_fn(|cx| loop {
         let due = DEADLINES.with(|d| {
             let mut d = d.borrow_mut();
+            if d.generation != generation {
+                return Err(());
+            }
             let now = d.now_tick();
             d.wheel.advance(now);
             std::mem::swap(&mut fired, &mut d.wheel.due);
@@ -431,13 +463,16 @@ async fn drive() {
             if next.is_none() {
                 d.driver = Some(cx.waker().clone());
             }
-            next.map(|t| d.base() + Duration::from_millis(t))
+            Ok(next.map(|t| d.base() + Duration::from_millis(t)))
         });
+        let Ok(due) = due else {
+            return Poll::Ready(());
+        };
         for w in fired.drain(..) {
             w.wake();
         }
         let Some(at) = due else {
-            return Poll::<()>::Pending;
+            return Poll::Pending;
         };
         timer.as_mut().reset(monoio::time::Instant::from_std(at));
         DEADLINES.with(|d| d.borrow_mut().driver = Some(cx.waker().clone()));
@@ -614,8 +649,31 @@ mod tests {
         assert!(w.occupied.iter().flatten().all(|&b| b == 0));
     }
 
+    /// A runtime dropped with a deadline still pending leaves its driver unpolled for good;
+    /// the next runtime built on the thread starts its own.
+    #[test]
+    fn a_second_runtime_on_the_thread_gets_a_driver_of_its_own() {
+        for _ in 0..2 {
+            let mut rt = crate::worker::runtime::build(crate::shared::DriverKind::Epoll).unwrap();
+            rt.block_on(async {
+                let at = Instant::now() + Duration::from_millis(10);
+                let never = std::pin::pin!(std::future::pending::<()>());
+                // Bounded by monoio's own timer: a dead driver would never end `within`.
+                let bounded = monoio::time::timeout(Duration::from_secs(5), within(at, never));
+                assert_eq!(bounded.await, Ok(None), "the deadline fired");
+                assert!(Instant::now() >= at);
+                drop(monoio::spawn(async {
+                    let never = std::pin::pin!(std::future::pending::<()>());
+                    within(Instant::now() + Duration::from_secs(60), never).await;
+                }));
+                monoio::time::sleep(Duration::from_millis(2)).await;
+            });
+        }
+    }
+
     #[test]
     fn deadlines_fire_on_a_runtime() {
+        reset_thread();
         let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()

@@ -45,8 +45,10 @@ fn probe_driver() -> DriverKind {
     }
 }
 
-/// Builds a runtime on `driver`, with timers.
+/// Builds a runtime on `driver`, with timers, to run on the calling thread (whose deadline
+/// driver, if an earlier runtime left one, is forgotten: `deadline::reset_thread`).
 pub fn build(driver: DriverKind) -> io::Result<Runtime> {
+    super::deadline::reset_thread();
     Ok(match driver {
         DriverKind::IoUring => {
             // SINGLE_ISSUER: only the worker thread submits. COOP_TASKRUN: completions are run
