@@ -1,5 +1,6 @@
-//! Per-thread deadlines for the I/O timeouts of `proxy::io`: a two-level timing wheel with
-//! one driver task per runtime thread.
+//! Per-thread deadlines for the timeouts on the request path (every read and write of
+//! `proxy::io`, the waits for upstream heads, connects, handshakes): a two-level timing wheel
+//! with one driver task per runtime thread.
 //!
 //! Every read and write on the request path is bounded by a deadline, and on io_uring every
 //! read waits at least once, so a deadline is registered two to four times per request and
@@ -170,41 +171,30 @@ impl Wheel {
         while let Some(t) = self.next_due().filter(|&t| t <= target) {
             self.now = t;
             if t % SLOTS as u64 == 0 {
-                self.cascade(((t / SLOTS as u64) % SLOTS as u64) as usize);
+                self.sweep(1, ((t / SLOTS as u64) % SLOTS as u64) as usize);
             }
-            self.fire_slot((t % SLOTS as u64) as usize);
+            self.sweep(0, (t % SLOTS as u64) as usize);
         }
         self.now = self.now.max(target);
     }
 
-    /// Moves level 1's `slot` down (its deadlines are now within level 0's reach) or fires
-    /// what is due; one still beyond level 1's span goes back to level 1.
-    fn cascade(&mut self, slot: usize) {
-        let mut key = self.heads[1][slot];
-        self.heads[1][slot] = NIL;
-        self.occupied[1][slot / 64] &= !(1 << (slot % 64));
+    /// Empties `level`'s `slot`: fires its deadlines that are due and places the others again
+    /// from `now`. A level-0 slot holds only due ones (a level-0 deadline lies within one
+    /// turn); a level-1 slot's go down to level 0, or stay in level 1 if still beyond its
+    /// span.
+    fn sweep(&mut self, level: usize, slot: usize) {
+        let mut key = self.heads[level][slot];
+        self.heads[level][slot] = NIL;
+        self.occupied[level][slot / 64] &= !(1 << (slot % 64));
         while key != NIL {
             let next = self.entries[key].next;
             self.entries[key].place = Place::Fired;
             if self.entries[key].tick <= self.now {
                 self.wake(key);
             } else {
+                debug_assert!(level == 1, "a level-0 deadline not due at its slot");
                 self.link(key);
             }
-            key = next;
-        }
-    }
-
-    /// Fires level 0's `slot` (all of it is due: a level-0 deadline lies within one turn).
-    fn fire_slot(&mut self, slot: usize) {
-        let mut key = self.heads[0][slot];
-        self.heads[0][slot] = NIL;
-        self.occupied[0][slot / 64] &= !(1 << (slot % 64));
-        while key != NIL {
-            let next = self.entries[key].next;
-            debug_assert!(self.entries[key].tick <= self.now);
-            self.entries[key].place = Place::Fired;
-            self.wake(key);
             key = next;
         }
     }
@@ -268,8 +258,8 @@ thread_local! {
 
 /// Forgets this thread's driver; called before a runtime is built on the thread (see
 /// [`crate::worker::runtime::build`]). A runtime dropped with tasks still pending leaves them,
-/// the driver among them, unpolled for good (monoio frees a task only when it ends or is
-/// woken), and a second runtime on the same thread would otherwise count on that driver.
+/// the driver among them, unpolled for good (monoio does not drop them), and a second runtime
+/// on the same thread would otherwise count on that driver.
 /// Deadlines registered with the old runtime stay in the wheel until their futures are
 /// dropped, and fire (into wakers nobody polls) if they never are.
 pub fn reset_thread() {
