@@ -34,3 +34,5 @@ pub use server::{ReloadHandle, Server, ShutdownHandle, StartError};
 
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(test)]
+pub(crate) mod testing;

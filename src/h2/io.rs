@@ -381,18 +381,7 @@ impl AsyncWrite for PollTls {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
-
-    /// Counts its wakes.
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::testing::WakeCount;
 
     /// What the peer can read after a moment, without waiting for more.
     async fn available(peer: &mut std::net::TcpStream) -> Vec<u8> {
@@ -422,8 +411,7 @@ mod tests {
             let (mut peer, _) = listener.accept().unwrap();
             peer.set_nonblocking(true).unwrap();
             let mut io = Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap());
-            let count = Arc::new(Count(AtomicUsize::new(0)));
-            let waker = Waker::from(count.clone());
+            let (count, waker) = WakeCount::waker();
             let mut cx = Context::from_waker(&waker);
             let mut io = Pin::new(&mut io);
 
@@ -441,11 +429,7 @@ mod tests {
                 io.as_mut().poll_flush(&mut cx),
                 Poll::Ready(Ok(()))
             ));
-            assert_eq!(
-                count.0.load(Ordering::SeqCst),
-                1,
-                "the task is polled again"
-            );
+            assert_eq!(count.get(), 1, "the task is polled again");
             assert!(available(&mut peer).await.is_empty(), "nothing sent yet");
             // The next flush (at the end of that poll) writes the batch.
             assert!(matches!(

@@ -475,23 +475,13 @@ async fn drive(generation: u64) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::task::Wake;
 
     use super::*;
+    use crate::testing::WakeCount;
 
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn waker() -> (Arc<Count>, Waker) {
-        let c = Arc::new(Count(AtomicUsize::new(0)));
-        (c.clone(), Waker::from(c))
+    fn waker() -> (Arc<WakeCount>, Waker) {
+        WakeCount::waker()
     }
 
     fn advance(w: &mut Wheel, target: u64) {
@@ -565,7 +555,7 @@ mod tests {
         for at in targets {
             advance(&mut w, at);
             for (key, t, c, removed) in &live {
-                let woken = c.0.load(Ordering::Relaxed);
+                let woken = c.get();
                 if *removed {
                     assert_eq!(woken, 0, "removed deadline {t} fired");
                 } else {
@@ -602,7 +592,7 @@ mod tests {
             seed % n
         };
         let mut w = Wheel::new();
-        let mut live: Vec<(usize, u64, Arc<Count>)> = Vec::new();
+        let mut live: Vec<(usize, u64, Arc<WakeCount>)> = Vec::new();
         for _ in 0..20_000 {
             match rand(4) {
                 0 | 1 => {
@@ -620,7 +610,7 @@ mod tests {
                     let target = w.now + rand(3_000);
                     advance(&mut w, target);
                     live.retain(|(key, t, c)| {
-                        let fired = c.0.load(Ordering::Relaxed) == 1;
+                        let fired = c.get() == 1;
                         assert_eq!(fired, *t <= target, "deadline {t} at {target}");
                         assert_eq!(w.fired(*key), fired);
                         if fired {
