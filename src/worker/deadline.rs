@@ -450,9 +450,8 @@ async fn drive(generation: u64) {
             std::mem::swap(&mut fired, &mut d.wheel.due);
             let next = d.wheel.next_due();
             d.armed = next;
-            if next.is_none() {
-                d.driver = Some(cx.waker().clone());
-            }
+            // Woken by a registration due before `armed` (or by the first one).
+            d.driver = Some(cx.waker().clone());
             Ok(next.map(|t| d.base() + Duration::from_millis(t)))
         });
         let Ok(due) = due else {
@@ -465,7 +464,6 @@ async fn drive(generation: u64) {
             return Poll::Pending;
         };
         timer.as_mut().reset(monoio::time::Instant::from_std(at));
-        DEADLINES.with(|d| d.borrow_mut().driver = Some(cx.waker().clone()));
         if timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
