@@ -434,7 +434,6 @@ impl UpstreamRt {
             return Err(PickError::NoEndpoints);
         }
         let balancer = self.balancer.borrow();
-        let now_ns = now.saturating_duration_since(epoch).as_nanos() as u64;
         let mut view = View {
             eps: &eps,
             tried,
@@ -442,7 +441,10 @@ impl UpstreamRt {
             allow_tried: false,
             strict: true,
             max_connections: self.cfg.max_connections,
-            bucket: self.cfg.rate_limit.map(|r| (r, now_ns)),
+            bucket: self
+                .cfg
+                .rate_limit
+                .map(|r| (r, now.saturating_duration_since(epoch).as_nanos() as u64)),
             now_ms,
             now,
         };

@@ -199,6 +199,8 @@ pub struct Worker {
     draining: Cell<bool>,
     active: Cell<usize>,
     clock: Cell<Instant>,
+    /// `clock` in milliseconds since the server's epoch, worked out once per tick.
+    clock_ms: Cell<u64>,
     ticks: Cell<u64>,
     date: RefCell<(u64, [u8; DATE_LEN])>,
 }
@@ -225,10 +227,12 @@ impl Worker {
             draining: Cell::new(false),
             active: Cell::new(0),
             clock: Cell::new(Instant::now()),
+            clock_ms: Cell::new(0),
             ticks: Cell::new(0),
             date: RefCell::new((0, [0; DATE_LEN])),
             shared,
         };
+        w.clock_ms.set(w.shared.millis(w.clock.get()));
         w.refresh_date();
         w.pool.set_idle_bytes(published.gen.http.buffer_pool_bytes);
         w.body_pool
@@ -277,7 +281,7 @@ impl Worker {
 
     /// The coarse clock in milliseconds since the server's epoch (ejections, breaker).
     pub fn now_ms(&self) -> u64 {
-        self.shared.millis(self.clock.get())
+        self.clock_ms.get()
     }
 
     /// Tracks a new accept loop.
@@ -381,7 +385,9 @@ impl Worker {
     /// reaping, block pool trimming (once a second), listener changes. Returns the sockets of
     /// listeners to start accepting on, with their configured addresses.
     pub fn tick(&self) -> Vec<NewListener> {
-        self.clock.set(Instant::now());
+        let now = Instant::now();
+        self.clock.set(now);
+        self.clock_ms.set(self.shared.millis(now));
         self.refresh_date();
         let version = self.shared.version.load(Ordering::Acquire);
         if version != self.seen_version.get() {
@@ -418,7 +424,7 @@ impl Worker {
             .check(now, self.current().gen.http.client_close_check);
         let ticks = self.ticks.get().wrapping_add(1);
         self.ticks.set(ticks);
-        let second = self.shared.millis(now) / 1000;
+        let second = self.clock_ms.get() / 1000;
         // Latency histograms are copied out about once a second (40 ticks of 25 ms), and
         // idle blocks beyond the pools' budget that a second did not need are freed.
         let publish_latency = ticks % 40 == 0;
