@@ -146,6 +146,13 @@ def machine_busy_s():
     return (sum(parts) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def tcp_out_segs():
+    """TCP segments the whole machine has sent (`/proc/net/snmp`, Tcp OutSegs)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("OutSegs")])
+
+
 def parse_wrk(text):
     out = {}
     m = re.search(r"Requests/sec:\s+([\d.]+)", text)
@@ -217,7 +224,7 @@ def run_one(target, port, scenario, pids):
         port += H2C_OFFSET
     url = f"{scheme}://127.0.0.1:{port}{scenario['path']}"
     d = scenario["duration"]
-    c0, m0 = cpu_ns(pids), machine_busy_s()
+    c0, m0, s0 = cpu_ns(pids), machine_busy_s(), tcp_out_segs()
     sc = syscalls_during(pids, max(1, d - 1)) if scenario.get("syscalls") and pids else None
     if scenario.get("h2"):
         log_path = os.path.join(WORK, "h2load.log")
@@ -244,10 +251,11 @@ def run_one(target, port, scenario, pids):
             cmd[1:1] = ["-H", "Connection: close"]
         res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
         fig = parse_wrk(res.stdout)
-    c1, m1 = cpu_ns(pids), machine_busy_s()
+    c1, m1, s1 = cpu_ns(pids), machine_busy_s(), tcp_out_segs()
     n = max(fig.get("requests", 0), 1)
     fig["cpu_us"] = (c1 - c0) / n / 1e3 if pids else None
     fig["machine_us"] = (m1 - m0) / n * 1e6
+    fig["segs"] = (s1 - s0) / n
     calls = syscalls_result(sc)
     fig["syscalls"] = calls / n / (max(1, d - 1) / d) if calls is not None else None
     return fig
@@ -465,7 +473,7 @@ def report(results, targets, rounds, duration, elapsed):
             title += ", Connection: close (new connection per request)"
         lines.append(title)
         big = sc["path"] == "/1m"
-        hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'errors':>7}"
+        hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'segs/req':>9} {'errors':>7}"
         if big:
             hdr += f" {'machine us/MiB':>15} {'added over direct':>18}"
         lines.append(hdr)
@@ -473,12 +481,12 @@ def report(results, targets, rounds, duration, elapsed):
         shown = [t for t in targets if t in per]
         for t in shown:
             runs = per.get(t, [])
-            m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "machine_us")}
+            m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "segs", "machine_us")}
             m["errors"] = sum(r.get("errors", 0) + r.get("non2xx", 0) for r in runs)
             med[t] = m
         for t in shown:
             m = med[t]
-            row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {m['errors']:>7}"
+            row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {fmt(m['segs']):>9} {m['errors']:>7}"
             if big:
                 added = None if t == "direct" or med.get("direct") is None or m["machine_us"] is None else m["machine_us"] - med["direct"]["machine_us"]
                 row += f" {fmt(m['machine_us']):>15} {fmt(added):>18}"
