@@ -127,16 +127,20 @@ def pids_of(p):
     return pids
 
 
-def cpu_ns(pids):
-    total = 0
+def sched_stats(pids):
+    """CPU nanoseconds and times put on a CPU, summed over every thread of `pids`
+    (`/proc/PID/task/*/schedstat`: run time, wait time, timeslices)."""
+    ns = runs = 0
     for pid in pids:
         try:
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
-        except OSError:
+                    fields = f.read().split()
+                ns += int(fields[0])
+                runs += int(fields[2])
+        except (OSError, IndexError, ValueError):
             pass
-    return total
+    return ns, runs
 
 
 def machine_busy_s():
@@ -224,7 +228,7 @@ def run_one(target, port, scenario, pids):
         port += H2C_OFFSET
     url = f"{scheme}://127.0.0.1:{port}{scenario['path']}"
     d = scenario["duration"]
-    c0, m0, s0 = cpu_ns(pids), machine_busy_s(), tcp_out_segs()
+    (c0, r0), m0, s0 = sched_stats(pids), machine_busy_s(), tcp_out_segs()
     sc = syscalls_during(pids, max(1, d - 1)) if scenario.get("syscalls") and pids else None
     if scenario.get("h2"):
         log_path = os.path.join(WORK, "h2load.log")
@@ -251,11 +255,12 @@ def run_one(target, port, scenario, pids):
             cmd[1:1] = ["-H", "Connection: close"]
         res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
         fig = parse_wrk(res.stdout)
-    c1, m1, s1 = cpu_ns(pids), machine_busy_s(), tcp_out_segs()
+    (c1, r1), m1, s1 = sched_stats(pids), machine_busy_s(), tcp_out_segs()
     n = max(fig.get("requests", 0), 1)
     fig["cpu_us"] = (c1 - c0) / n / 1e3 if pids else None
     fig["machine_us"] = (m1 - m0) / n * 1e6
     fig["segs"] = (s1 - s0) / n
+    fig["runs"] = (r1 - r0) / n if pids else None
     calls = syscalls_result(sc)
     fig["syscalls"] = calls / n / (max(1, d - 1) / d) if calls is not None else None
     return fig
@@ -473,7 +478,7 @@ def report(results, targets, rounds, duration, elapsed):
             title += ", Connection: close (new connection per request)"
         lines.append(title)
         big = sc["path"] == "/1m"
-        hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'segs/req':>9} {'errors':>7}"
+        hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'runs/req':>9} {'segs/req':>9} {'errors':>7}"
         if big:
             hdr += f" {'machine us/MiB':>15} {'added over direct':>18}"
         lines.append(hdr)
@@ -481,12 +486,12 @@ def report(results, targets, rounds, duration, elapsed):
         shown = [t for t in targets if t in per]
         for t in shown:
             runs = per.get(t, [])
-            m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "segs", "machine_us")}
+            m = {k: median([r.get(k) for r in runs]) for k in ("rps", "p50", "p99", "cpu_us", "syscalls", "runs", "segs", "machine_us")}
             m["errors"] = sum(r.get("errors", 0) + r.get("non2xx", 0) for r in runs)
             med[t] = m
         for t in shown:
             m = med[t]
-            row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {fmt(m['segs']):>9} {m['errors']:>7}"
+            row = f"  {t:14} {fmt(m['rps'], 'rps'):>10} {fmt(m['p50'], 'ms'):>9} {fmt(m['p99'], 'ms'):>9} {fmt(m['cpu_us']):>11} {fmt(m['syscalls']):>13} {fmt(m['runs']):>9} {fmt(m['segs']):>9} {m['errors']:>7}"
             if big:
                 added = None if t == "direct" or med.get("direct") is None or m["machine_us"] is None else m["machine_us"] - med["direct"]["machine_us"]
                 row += f" {fmt(m['machine_us']):>15} {fmt(added):>18}"
