@@ -4,8 +4,9 @@
 #
 #   loadtest/profile.sh [--seconds S] TARGET MODE [BINARY]
 #
-# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, 64 keep-alive connections) or h2c
-# (GET /, 16 connections x 10 streams); BINARY is the ringway to run (default
+# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, 64 keep-alive connections), h2c
+# (GET /, 16 connections x 10 streams) or paced (GET /, 64 keep-alive connections held at
+# RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the ringway to run (default
 # target/release/ringway). The pinning is run.sh's: load generator and origin on CPU 0, the
 # proxy alone on CPU 1, one worker. The proxy's process is sampled with `perf record -e
 # cpu-clock` (the software clock: it works on virtual machines without hardware counters)
@@ -97,6 +98,11 @@ load_seconds=$((SECONDS_SAMPLED + 4))
 case $MODE in
 h1) load=(h2load -t1 -c64 --h1 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
 h2c) load=(h2load -t1 -c16 -m10 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
+paced)
+    oha=$(command -v oha || echo "$HOME/.cargo/bin/oha")
+    load=("$oha" -q "${RATE:-3300}" -c 64 -z "${load_seconds}s" --no-tui --http-version=1.1
+        "http://127.0.0.1:$url_port/")
+    ;;
 *) echo "unknown mode $MODE" >&2; exit 2 ;;
 esac
 taskset -c 0 "${load[@]}" >"$WORK/load.txt" 2>&1 &
@@ -106,9 +112,19 @@ perf record -q -e cpu-clock -o "$WORK/perf.data" -p "$proxy_pids" -- sleep "$SEC
     >/dev/null 2>&1
 wait "$load_pid"
 
-rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' "$WORK/load.txt")
-grep -q "^requests: .* 0 failed, 0 errored" "$WORK/load.txt" \
-    || { echo "the load had failures:" >&2; grep "^requests:" "$WORK/load.txt" >&2; exit 1; }
+if [ "$MODE" = paced ]; then
+    rps=$(awk '/Requests\/sec:/ {print $2}' "$WORK/load.txt")
+    # Requests in flight when oha stops at its deadline are not failures.
+    if sed -n '/^Error distribution/,$p' "$WORK/load.txt" | grep '^ *\[' | grep -vq "deadline"; then
+        echo "the load had failures:" >&2
+        sed -n '/^Error distribution/,$p' "$WORK/load.txt" >&2
+        exit 1
+    fi
+else
+    rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' "$WORK/load.txt")
+    grep -q "^requests: .* 0 failed, 0 errored" "$WORK/load.txt" \
+        || { echo "the load had failures:" >&2; grep "^requests:" "$WORK/load.txt" >&2; exit 1; }
+fi
 report() { perf report -i "$WORK/perf.data" --no-children -g none --stdio "$@" 2>/dev/null | grep -v '^#' | grep -v '^$'; }
 ns=$(perf report -i "$WORK/perf.data" --stdio 2>/dev/null | awk '/^# Event count/ {print $NF}')
 kernel=$(report --sort dso | awk '/\[kernel/ {gsub("%", "", $1); print $1}')
