@@ -24,6 +24,8 @@ pub enum StartError {
     Bind(BindError),
     /// A worker could not start (runtime or listener registration).
     Worker(String),
+    /// The configured driver is not available.
+    Driver(String),
 }
 
 impl fmt::Display for StartError {
@@ -32,6 +34,7 @@ impl fmt::Display for StartError {
             StartError::Resolve(e) => write!(f, "{e}"),
             StartError::Bind(e) => write!(f, "{e}"),
             StartError::Worker(e) => write!(f, "{e}"),
+            StartError::Driver(e) => write!(f, "{e}"),
         }
     }
 }
@@ -96,10 +99,7 @@ impl Server {
         if let Err(e) = net::sys::raise_nofile_limit() {
             tracing::warn!(error = %e, "cannot raise the open-files limit");
         }
-        let driver = worker::runtime::choose_driver();
-        if driver == DriverKind::Epoll {
-            tracing::info!("io_uring unavailable or disabled: workers use the epoll driver");
-        }
+        let driver = worker::runtime::choose_driver(gen.driver).map_err(StartError::Driver)?;
 
         let mut per_worker: Vec<Vec<(std::net::TcpListener, SocketAddr)>> =
             (0..workers).map(|_| Vec::new()).collect();

@@ -442,6 +442,41 @@ fn driver_matches_the_environment() {
     assert_eq!(m.get(&key), Some(&1.0), "{m:?}");
 }
 
+#[test]
+fn driver_epoll_from_the_config() {
+    let mut proxy = Proxy::start("driver = \"epoll\"");
+    let key = format!(
+        "ringway_info{{version=\"{}\",driver=\"epoll\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(metrics(proxy.addr).get(&key), Some(&1.0));
+    let server = proxy.server.as_ref().expect("running");
+    assert_eq!(server.driver().name(), "epoll");
+    proxy.stop();
+}
+
+#[test]
+fn driver_io_uring_is_io_uring_or_no_start() {
+    let forced = std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+    let available = !forced && monoio_uring_available();
+    let text = "workers = 1\ncpus = []\ndriver = \"io_uring\"\n\
+                [[listeners]]\naddress = \"127.0.0.1:0\"\n";
+    let gen = ringway::config::compile(text, "test.toml").expect("compiles");
+    match ringway::Server::start(gen) {
+        Ok(server) => {
+            assert!(available, "started without io_uring");
+            assert_eq!(server.driver().name(), "io_uring");
+            server.shutdown();
+            server.join();
+        }
+        Err(e) => {
+            assert!(!available, "io_uring available, yet: {e}");
+            assert!(e.to_string().contains("driver = \"io_uring\""), "{e}");
+        }
+    }
+}
+
 fn monoio_uring_available() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .map(|v| v.trim() == "0")

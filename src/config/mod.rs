@@ -42,6 +42,8 @@ pub struct Generation {
     pub workers: Workers,
     /// How workers are pinned to CPUs.
     pub cpus: CpuPinning,
+    /// The I/O driver the workers run on.
+    pub driver: DriverChoice,
     /// How long in-flight requests may run after SIGTERM before connections are dropped.
     pub shutdown_timeout: Duration,
     /// tracing filter directive (`info`, `ringway=debug`, ...).
@@ -100,6 +102,18 @@ pub enum CpuPinning {
     List(Vec<usize>),
     /// No pinning.
     Off,
+}
+
+/// `driver`: the I/O driver of every worker, chosen once at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverChoice {
+    /// io_uring when the kernel offers it, else epoll (logged).
+    Auto,
+    /// io_uring, or no start.
+    IoUring,
+    /// epoll (where policy rules io_uring out): about 1.3× io_uring's CPU per request on a
+    /// busy core, alike on a mostly idle one (`loadtest/RESULTS.md`).
+    Epoll,
 }
 
 /// `[admin]`

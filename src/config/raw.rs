@@ -12,6 +12,7 @@ use toml::Spanned;
 pub(crate) struct RawConfig {
     pub(crate) workers: Option<Spanned<RawWorkers>>,
     pub(crate) cpus: Option<Spanned<Vec<usize>>>,
+    pub(crate) driver: Option<Spanned<String>>,
     pub(crate) shutdown_timeout: Option<Spanned<String>>,
     pub(crate) log_level: Option<Spanned<String>>,
     #[serde(default)]

@@ -14,10 +14,10 @@ use super::raw::{
     RawRoute, RawUpstream, RawValueMatch, RawWorkers,
 };
 use super::{
-    AdminConfig, BalancerConfig, BreakerConfig, ConfigError, CpuPinning, EndpointSpec,
-    GatewayConfig, Generation, HashKey, HealthCheckConfig, HttpConfig, ListenerConfig,
-    OutlierConfig, RateLimitConfig, RetryBudgetConfig, RetryOn, RetryPolicy, UpstreamConfig,
-    Workers,
+    AdminConfig, BalancerConfig, BreakerConfig, ConfigError, CpuPinning, DriverChoice,
+    EndpointSpec, GatewayConfig, Generation, HashKey, HealthCheckConfig, HttpConfig,
+    ListenerConfig, OutlierConfig, RateLimitConfig, RetryBudgetConfig, RetryOn, RetryPolicy,
+    UpstreamConfig, Workers,
 };
 use crate::http1::head::valid_host;
 use crate::http1::{is_tchar, HeadLimits, HeaderKind, MAX_HEADERS_HARD_LIMIT};
@@ -163,6 +163,20 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         None => CpuPinning::PerWorker,
         Some(c) if c.get_ref().is_empty() => CpuPinning::Off,
         Some(c) => CpuPinning::List(c.get_ref().clone()),
+    };
+    let driver = match &raw.driver {
+        None => DriverChoice::Auto,
+        Some(d) => match d.get_ref().as_str() {
+            "auto" => DriverChoice::Auto,
+            "io_uring" => DriverChoice::IoUring,
+            "epoll" => DriverChoice::Epoll,
+            _ => {
+                return Err(ctx.error(
+                    d.span(),
+                    "driver must be \"auto\", \"io_uring\" or \"epoll\"".to_string(),
+                ))
+            }
+        },
     };
     let shutdown_timeout = ctx.duration(&raw.shutdown_timeout, Duration::from_secs(30))?;
     let log_level = match &raw.log_level {
@@ -325,6 +339,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         text_hash: super::hash_text(text),
         workers,
         cpus,
+        driver,
         shutdown_timeout,
         log_level,
         gateway: GatewayConfig {
@@ -1879,6 +1894,23 @@ mod tests {
             "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 100 }}\n"
         ));
         assert!(e.message.contains("status"), "{e}");
+    }
+
+    #[test]
+    fn driver_choice() {
+        let ok = |text: &str| compile(text, "t.toml").unwrap();
+        assert_eq!(ok(MIN).driver, DriverChoice::Auto);
+        for (text, want) in [
+            ("auto", DriverChoice::Auto),
+            ("io_uring", DriverChoice::IoUring),
+            ("epoll", DriverChoice::Epoll),
+        ] {
+            let g = ok(&format!("driver = \"{text}\"\n{MIN}"));
+            assert_eq!(g.driver, want, "{text}");
+        }
+        let e = err(&format!("driver = \"uring\"\n{MIN}"));
+        assert!(e.message.contains("driver must be"), "{e}");
+        assert_eq!(e.line, 1, "{e}");
     }
 
     #[test]

@@ -239,6 +239,9 @@ impl Control {
         if gen.cpus != old.cpus {
             restart.push("cpus");
         }
+        if gen.driver != old.driver {
+            restart.push("driver");
+        }
         if gen.log_level != old.log_level {
             restart.push("log_level");
         }
@@ -262,6 +265,7 @@ impl Control {
             // Published as running, so the next reload compares with what is really in force.
             gen.workers = old.workers;
             gen.cpus = old.cpus.clone();
+            gen.driver = old.driver;
             gen.log_level = old.log_level.clone();
             gen.admin = old.admin.clone();
             for l in &mut gen.listeners {

@@ -1,15 +1,16 @@
 //! Runtime construction and CPU pinning.
 //!
-//! The driver is chosen once, on the starting thread: io_uring when the kernel offers every
-//! operation monoio needs and a full-size ring can be built, else the epoll fallback (logged
-//! once). `MONOIO_FORCE_LEGACY_DRIVER=1` forces the fallback (monoio reads it).
+//! The driver is chosen once, on the starting thread, as the config's `driver` says. `auto`
+//! (the default): io_uring when the kernel offers every operation monoio needs and a
+//! full-size ring can be built, else the epoll fallback (logged once);
+//! `MONOIO_FORCE_LEGACY_DRIVER=1` forces the fallback (monoio reads it).
 
 use std::io;
 
 use monoio::time::TimeDriver;
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
-use crate::config::CpuPinning;
+use crate::config::{CpuPinning, DriverChoice};
 use crate::shared::DriverKind;
 
 /// Submission queue entries per worker ring.
@@ -18,31 +19,55 @@ pub const RING_ENTRIES: u32 = 4096;
 /// A worker runtime on either driver.
 pub type Runtime = monoio::FusionRuntime<TimeDriver<IoUringDriver>, TimeDriver<LegacyDriver>>;
 
-/// Decides the driver for every worker of this process.
+/// Decides the driver for every worker of this process, as the config's `driver` asks:
+/// `Auto` takes io_uring when a ring can be built and falls back to epoll (logged); `IoUring`
+/// without io_uring is an error (its reason); `Epoll` builds no ring at all.
 ///
 /// The probe runs on a short-lived thread of its own: tearing a ring down queues task work on
 /// the thread that created it, which interrupts that thread's blocking calls (`EINTR` on a
 /// socket with a receive timeout); the caller must not be that thread.
-pub fn choose_driver() -> DriverKind {
-    std::thread::Builder::new()
-        .name("ringway-probe".into())
-        .spawn(probe_driver)
-        .ok()
-        .and_then(|h| h.join().ok())
-        .unwrap_or(DriverKind::Epoll)
-}
-
-fn probe_driver() -> DriverKind {
-    if !monoio::utils::detect_uring() {
-        return DriverKind::Epoll;
+pub fn choose_driver(choice: DriverChoice) -> Result<DriverKind, String> {
+    if choice == DriverChoice::Epoll {
+        return Ok(DriverKind::Epoll);
     }
-    match build(DriverKind::IoUring) {
-        Ok(_) => DriverKind::IoUring,
-        Err(e) => {
-            tracing::warn!(error = %e, "io_uring is present but a ring cannot be built; using epoll");
-            DriverKind::Epoll
+    let probed = std::thread::Builder::new()
+        .name("ringway-probe".into())
+        .spawn(probe_uring)
+        .map_err(|e| format!("cannot start the io_uring probe: {e}"))
+        .and_then(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("the io_uring probe panicked".into()))
+        });
+    match probed {
+        Ok(()) => Ok(DriverKind::IoUring),
+        Err(reason) if choice == DriverChoice::IoUring => {
+            Err(format!("driver = \"io_uring\", but {reason}"))
+        }
+        Err(reason) if reason.starts_with(UNAVAILABLE) => {
+            tracing::info!(%reason, "workers use the epoll driver");
+            Ok(DriverKind::Epoll)
+        }
+        Err(reason) => {
+            tracing::warn!(%reason, "workers use the epoll driver");
+            Ok(DriverKind::Epoll)
         }
     }
+}
+
+/// The probe's answer when io_uring is absent or turned off (a choice, not a fault).
+const UNAVAILABLE: &str = "io_uring is unavailable or disabled";
+
+/// Whether io_uring workers can run here; why not when they cannot.
+fn probe_uring() -> Result<(), String> {
+    if !monoio::utils::detect_uring() {
+        return Err(format!(
+            "{UNAVAILABLE} (kernel, seccomp, kernel.io_uring_disabled or \
+             MONOIO_FORCE_LEGACY_DRIVER)"
+        ));
+    }
+    build(DriverKind::IoUring)
+        .map(drop)
+        .map_err(|e| format!("an io_uring ring cannot be built: {e}"))
 }
 
 /// Builds a runtime on `driver`, with timers, to run on the calling thread (whose deadline
