@@ -428,12 +428,10 @@ fn metrics_count_pool_hits_and_connects() {
 fn driver_matches_the_environment() {
     let proxy = Proxy::start("");
     let m = metrics(proxy.addr);
-    let forced = std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
-        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
-    let driver = if forced || !monoio_uring_available() {
-        "epoll"
-    } else {
+    let driver = if uring_expected() {
         "io_uring"
+    } else {
+        "epoll"
     };
     let key = format!(
         "ringway_info{{version=\"{}\",driver=\"{driver}\"}}",
@@ -444,7 +442,7 @@ fn driver_matches_the_environment() {
 
 #[test]
 fn driver_epoll_from_the_config() {
-    let mut proxy = Proxy::start("driver = \"epoll\"");
+    let proxy = Proxy::start("driver = \"epoll\"");
     let key = format!(
         "ringway_info{{version=\"{}\",driver=\"epoll\"}}",
         env!("CARGO_PKG_VERSION")
@@ -452,14 +450,11 @@ fn driver_epoll_from_the_config() {
     assert_eq!(metrics(proxy.addr).get(&key), Some(&1.0));
     let server = proxy.server.as_ref().expect("running");
     assert_eq!(server.driver().name(), "epoll");
-    proxy.stop();
 }
 
 #[test]
 fn driver_io_uring_is_io_uring_or_no_start() {
-    let forced = std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
-        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
-    let available = !forced && monoio_uring_available();
+    let available = uring_expected();
     let text = "workers = 1\ncpus = []\ndriver = \"io_uring\"\n\
                 [[listeners]]\naddress = \"127.0.0.1:0\"\n";
     let gen = ringway::config::compile(text, "test.toml").expect("compiles");
@@ -475,6 +470,13 @@ fn driver_io_uring_is_io_uring_or_no_start() {
             assert!(e.to_string().contains("driver = \"io_uring\""), "{e}");
         }
     }
+}
+
+/// Whether `driver = "auto"` should come up on io_uring in this test run.
+fn uring_expected() -> bool {
+    let forced = std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+    !forced && monoio_uring_available()
 }
 
 fn monoio_uring_available() -> bool {

@@ -33,17 +33,17 @@ pub fn choose_driver(choice: DriverChoice) -> Result<DriverKind, String> {
     let probed = std::thread::Builder::new()
         .name("ringway-probe".into())
         .spawn(probe_uring)
-        .map_err(|e| format!("cannot start the io_uring probe: {e}"))
+        .map_err(|e| NoUring::Failed(format!("cannot start the io_uring probe: {e}")))
         .and_then(|h| {
             h.join()
-                .unwrap_or_else(|_| Err("the io_uring probe panicked".into()))
+                .unwrap_or_else(|_| Err(NoUring::Failed("the io_uring probe panicked".into())))
         });
     match probed {
         Ok(()) => Ok(DriverKind::IoUring),
         Err(reason) if choice == DriverChoice::IoUring => {
             Err(format!("driver = \"io_uring\", but {reason}"))
         }
-        Err(reason) if reason.starts_with(UNAVAILABLE) => {
+        Err(reason @ NoUring::Unavailable) => {
             tracing::info!(%reason, "workers use the epoll driver");
             Ok(DriverKind::Epoll)
         }
@@ -54,20 +54,35 @@ pub fn choose_driver(choice: DriverChoice) -> Result<DriverKind, String> {
     }
 }
 
-/// The probe's answer when io_uring is absent or turned off (a choice, not a fault).
-const UNAVAILABLE: &str = "io_uring is unavailable or disabled";
+/// Why io_uring workers cannot run here.
+#[derive(Debug)]
+enum NoUring {
+    /// Absent or turned off: a choice, not a fault.
+    Unavailable,
+    /// Present, but no ring could be had.
+    Failed(String),
+}
 
-/// Whether io_uring workers can run here; why not when they cannot.
-fn probe_uring() -> Result<(), String> {
+impl std::fmt::Display for NoUring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoUring::Unavailable => f.write_str(
+                "io_uring is unavailable or disabled (kernel, seccomp, \
+                 kernel.io_uring_disabled or MONOIO_FORCE_LEGACY_DRIVER)",
+            ),
+            NoUring::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Whether io_uring workers can run here.
+fn probe_uring() -> Result<(), NoUring> {
     if !monoio::utils::detect_uring() {
-        return Err(format!(
-            "{UNAVAILABLE} (kernel, seccomp, kernel.io_uring_disabled or \
-             MONOIO_FORCE_LEGACY_DRIVER)"
-        ));
+        return Err(NoUring::Unavailable);
     }
     build(DriverKind::IoUring)
         .map(drop)
-        .map_err(|e| format!("an io_uring ring cannot be built: {e}"))
+        .map_err(|e| NoUring::Failed(format!("an io_uring ring cannot be built: {e}")))
 }
 
 /// Builds a runtime on `driver`, with timers, to run on the calling thread (whose deadline
