@@ -232,7 +232,7 @@ impl Worker {
             date: RefCell::new((0, [0; DATE_LEN])),
             shared,
         };
-        w.clock_ms.set(w.shared.millis(w.clock.get()));
+        w.set_clock(w.clock.get());
         w.refresh_date();
         w.pool.set_idle_bytes(published.gen.http.buffer_pool_bytes);
         w.body_pool
@@ -282,6 +282,12 @@ impl Worker {
     /// The coarse clock in milliseconds since the server's epoch (ejections, breaker).
     pub fn now_ms(&self) -> u64 {
         self.clock_ms.get()
+    }
+
+    /// Sets the coarse clock, both its forms.
+    fn set_clock(&self, now: Instant) {
+        self.clock.set(now);
+        self.clock_ms.set(self.shared.millis(now));
     }
 
     /// Tracks a new accept loop.
@@ -386,8 +392,7 @@ impl Worker {
     /// listeners to start accepting on, with their configured addresses.
     pub fn tick(&self) -> Vec<NewListener> {
         let now = Instant::now();
-        self.clock.set(now);
-        self.clock_ms.set(self.shared.millis(now));
+        self.set_clock(now);
         self.refresh_date();
         let version = self.shared.version.load(Ordering::Acquire);
         if version != self.seen_version.get() {
@@ -419,7 +424,6 @@ impl Worker {
                 }
             }
         }
-        let now = self.now();
         self.closes
             .check(now, self.current().gen.http.client_close_check);
         let ticks = self.ticks.get().wrapping_add(1);
