@@ -6,11 +6,11 @@
 #
 # TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, 64 keep-alive connections), h2c
 # (GET /, 16 connections x 10 streams) or paced (GET /, 64 keep-alive connections held at
-# RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the ringway to run (default
-# target/release/ringway). The pinning is run.sh's: load generator and origin on CPU 0, the
-# proxy alone on CPU 1, one worker. The proxy's process is sampled with `perf record -e
-# cpu-clock` (the software clock: it works on virtual machines without hardware counters)
-# for S seconds (default 5) in the middle of a load of S + 4 seconds.
+# RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the
+# ringway to run (default target/release/ringway). The pinning is run.sh's: load generator
+# and origin on CPU 0, the proxy alone on CPU 1, one worker. The proxy's process is sampled
+# with `perf record -e cpu-clock` (the software clock: it works on virtual machines without
+# hardware counters) for S seconds (default 5) in the middle of a load of S + 4 seconds.
 #
 # Read it beside another target's or build's profile taken minutes apart, as ratios: perf's
 # own overhead inflates the absolute figures, and this machine's speed drifts over the day.
@@ -115,9 +115,10 @@ wait "$load_pid"
 if [ "$MODE" = paced ]; then
     rps=$(awk '/Requests\/sec:/ {print $2}' "$WORK/load.txt")
     # Requests in flight when oha stops at its deadline are not failures.
-    if sed -n '/^Error distribution/,$p' "$WORK/load.txt" | grep '^ *\[' | grep -vq "deadline"; then
+    errors=$(sed -n '/^Error distribution/,$p' "$WORK/load.txt")
+    if grep '^ *\[' <<<"$errors" | grep -vq "deadline"; then
         echo "the load had failures:" >&2
-        sed -n '/^Error distribution/,$p' "$WORK/load.txt" >&2
+        echo "$errors" >&2
         exit 1
     fi
 else
