@@ -11,19 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringway::Server;
 use support::*;
 
 const BASE: &str = "workers = 2\ncpus = []\nlog_level = \"error\"\n[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n";
-
-fn start(dir: &Dir, text: &str) -> (Server, SocketAddr) {
-    dir.write(text);
-    let gen = ringway::config::load(&dir.config()).expect("config compiles");
-    ringway::observe::log::init("error");
-    let server = Server::start(gen).expect("starts");
-    let addr = server.local_addrs()[0];
-    (server, addr)
-}
 
 fn respond_route(path: &str, body: &str) -> String {
     format!(
@@ -38,7 +28,7 @@ fn admin_post(addr: SocketAddr, path: &str) -> (u16, String) {
 #[test]
 fn admin_reload_applies_new_routes_to_the_next_request_on_a_keep_alive_connection() {
     let dir = Dir::new("admin");
-    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "one")));
+    let (server, addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "one")));
     let mut c = Client::connect(addr);
     assert_eq!(c.get("/x").text(), "one");
 
@@ -73,7 +63,7 @@ fn admin_reload_applies_new_routes_to_the_next_request_on_a_keep_alive_connectio
 #[test]
 fn an_invalid_config_is_refused_and_the_running_one_stays() {
     let dir = Dir::new("invalid");
-    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "kept")));
+    let (server, addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "kept")));
     dir.write(&format!(
         "{BASE}[[routes]]\npath_prefix = \"/\"\nproxy = \"nowhere\"\n"
     ));
@@ -102,7 +92,7 @@ fn an_invalid_config_is_refused_and_the_running_one_stays() {
 #[test]
 fn a_changed_file_is_reloaded_by_itself() {
     let dir = Dir::new("watch");
-    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "before")));
+    let (server, addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "before")));
     std::thread::sleep(Duration::from_millis(1100));
     dir.write(&format!("{BASE}{}", respond_route("/", "after-the-edit")));
     assert!(
@@ -119,7 +109,7 @@ fn a_changed_file_is_reloaded_by_itself() {
 fn listeners_are_added_and_removed_live() {
     let dir = Dir::new("listeners");
     let extra = closed_port();
-    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let (server, addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
     assert!(TcpStream::connect(extra).is_err());
     let with_extra = format!(
         "{BASE}[[listeners]]\naddress = \"{extra}\"\n{}",
@@ -153,7 +143,7 @@ fn listeners_are_added_and_removed_live() {
 #[test]
 fn a_removed_port_0_listener_stops_and_an_add_undone_at_once_never_listens() {
     let dir = Dir::new("listeners-port0");
-    let (server, addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let (server, addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
     // Replace the `127.0.0.1:0` listener (bound to `addr`) by a fixed port.
     let fixed = closed_port();
     let moved = BASE.replace(
@@ -208,7 +198,7 @@ fn an_in_flight_request_finishes_on_the_generation_it_started_with() {
         "{BASE}[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
         origin.addr
     );
-    let (server, addr) = start(&dir, &proxied);
+    let (server, addr) = start_in(&dir, &proxied);
     let mut busy = Client::connect(addr);
     busy.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n");
     assert!(wait_until(Duration::from_secs(5), || !origin
@@ -253,7 +243,7 @@ fn twenty_reloads_under_load_fail_no_request() {
             respond_route(&format!("/added-{k}"), &format!("added-{k}"))
         )
     };
-    let (server, addr) = start(&dir, &config(0));
+    let (server, addr) = start_in(&dir, &config(0));
     let stop = Arc::new(AtomicBool::new(false));
     let ok = Arc::new(AtomicU64::new(0));
     let bad = Arc::new(AtomicU64::new(0));
@@ -323,7 +313,7 @@ fn idle_upstream_connections_survive_a_reload() {
             origin.addr
         )
     };
-    let (server, addr) = start(&dir, &text(""));
+    let (server, addr) = start_in(&dir, &text(""));
     let mut c = Client::connect(addr);
     assert_eq!(c.get("/a").text(), "pooled");
     for k in 0..3 {
@@ -344,7 +334,7 @@ fn idle_upstream_connections_survive_a_reload() {
 #[test]
 fn the_admin_listener_refuses_browsers_and_trickling_clients() {
     let dir = Dir::new("admin-guard");
-    let (server, _) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let (server, _) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
     let admin = server.admin_addr().unwrap();
     // A cross-site form post carries Origin.
     let mut s = TcpStream::connect(admin).unwrap();
@@ -406,7 +396,7 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
 fn a_client_holding_the_admin_listener_does_not_stop_others_and_the_rest_are_capped() {
     use ringway::control::admin::MAX_CONCURRENT;
     let dir = Dir::new("admin-concurrent");
-    let (server, _) = start(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
+    let (server, _) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "hi")));
     let admin = server.admin_addr().unwrap();
     // Connected, sending nothing: each holds its exchange up to the 5 s head deadline.
     let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(admin).unwrap()).collect();
@@ -467,7 +457,7 @@ fn turning_upstream_tls_on_by_reload_never_reuses_a_cleartext_connection() {
              [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
         )
     };
-    let (server, addr) = start(&dir, &text(""));
+    let (server, addr) = start_in(&dir, &text(""));
     let mut c = Client::connect(addr);
     assert_eq!(c.get("/a").text(), "plain");
     dir.write(&text("tls = { insecure_skip_verify = true }"));
@@ -493,7 +483,7 @@ fn a_reload_refused_for_a_port_in_use_is_tried_again_by_itself() {
     let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = blocker.local_addr().unwrap();
     let dir = Dir::new("retry");
-    let (server, _addr) = start(&dir, &format!("{BASE}{}", respond_route("/", "x")));
+    let (server, _addr) = start_in(&dir, &format!("{BASE}{}", respond_route("/", "x")));
     dir.write(&format!(
         "{BASE}{}[[listeners]]\naddress = \"{port}\"\n",
         respond_route("/", "x")
@@ -521,7 +511,7 @@ fn raising_max_connections_by_reload_lets_a_worker_at_its_cap_accept_again() {
             respond_route("/", "ok")
         )
     };
-    let (server, addr) = start(&dir, &capped(2));
+    let (server, addr) = start_in(&dir, &capped(2));
     let mut held: Vec<Client> = (0..2).map(|_| Client::connect(addr)).collect();
     for c in &mut held {
         assert_eq!(c.get("/").status, 200);
@@ -574,7 +564,7 @@ fn a_reload_that_shortens_the_health_check_interval_applies_at_once() {
             origin.addr
         )
     };
-    let (server, addr) = start(&dir, &config("1h"));
+    let (server, addr) = start_in(&dir, &config("1h"));
     let admin = server.admin_addr().unwrap();
     let healthy = || {
         let key = format!(
@@ -606,7 +596,7 @@ fn reserved_paths_can_be_left_to_the_routes_and_the_admin_listener_serves_them()
     let dir = Dir::new("reserved-off");
     let text = BASE.replace("[admin]", "[http]\nreserved_paths = false\n[admin]")
         + &respond_route("/", "routed");
-    let (server, addr) = start(&dir, &text);
+    let (server, addr) = start_in(&dir, &text);
     // On the listener, /metrics and /healthz are ordinary paths (a public listener shows no
     // metrics, and an application's own /metrics can be proxied).
     for path in ["/metrics", "/healthz"] {

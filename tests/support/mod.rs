@@ -611,6 +611,17 @@ pub fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// Writes `text` as the config in `dir` and starts ringway from that file (reloads then read
+/// it again); returns the server and its first listener's address.
+pub fn start_in(dir: &Dir, text: &str) -> (Server, SocketAddr) {
+    dir.write(text);
+    let gen = ringway::config::load(&dir.config()).expect("config compiles");
+    ringway::observe::log::init("error");
+    let server = Server::start(gen).expect("starts");
+    let addr = server.local_addrs()[0];
+    (server, addr)
+}
+
 /// A scratch directory for config files, removed when dropped.
 pub struct Dir(pub std::path::PathBuf);
 
