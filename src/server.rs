@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use crate::config::{CpuPinning, Generation};
 use crate::control::{Command, Control};
 use crate::net::{bind_group, BindError};
+use crate::observe::access_log;
 use crate::shared::{DriverKind, Shared};
 use crate::worker::WorkerCommand;
 use crate::{control, net, worker};
@@ -26,6 +27,8 @@ pub enum StartError {
     Worker(String),
     /// The configured driver is not available.
     Driver(String),
+    /// The access log file could not be opened.
+    AccessLog(String),
 }
 
 impl fmt::Display for StartError {
@@ -35,6 +38,7 @@ impl fmt::Display for StartError {
             StartError::Bind(e) => write!(f, "{e}"),
             StartError::Worker(e) => write!(f, "{e}"),
             StartError::Driver(e) => write!(f, "{e}"),
+            StartError::AccessLog(e) => write!(f, "{e}"),
         }
     }
 }
@@ -53,6 +57,7 @@ pub struct Server {
     admin: Option<JoinHandle<()>>,
     commands: Sender<Command>,
     stop_control: Arc<AtomicBool>,
+    access_log: Option<JoinHandle<()>>,
 }
 
 /// Asks the control thread to reload the config file (SIGHUP, tests).
@@ -95,7 +100,12 @@ impl Server {
         let workers = gen.workers.resolve();
         let book = crate::shared::StateBook::new(None, workers);
         let endpoints = control::resolve_all(&gen, &book).map_err(StartError::Resolve)?;
-        let published = crate::shared::Published::new(1, gen.clone(), endpoints, &book);
+        let log_file = match &gen.access_log {
+            None => None,
+            Some(cfg) => Some(access_log::open(&cfg.path).map_err(StartError::AccessLog)?),
+        };
+        let published = crate::shared::Published::new(1, gen.clone(), endpoints, &book)
+            .with_access_log(log_file);
         if let Err(e) = net::sys::raise_nofile_limit() {
             tracing::warn!(error = %e, "cannot raise the open-files limit");
         }
@@ -127,7 +137,10 @@ impl Server {
             .next_multiple_of(4096)
             .max(16 * 1024);
         let pinning = gen.cpus.clone();
-        let shared = Arc::new(Shared::new(workers, published, driver));
+        // Started whether or not this generation logs: a reload may turn the log on.
+        let (log_queue, log_thread) = access_log::spawn_writer()
+            .map_err(|e| StartError::Worker(format!("cannot spawn the access log thread: {e}")))?;
+        let shared = Arc::new(Shared::new(workers, published, driver, Some(log_queue)));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let mut handles = Vec::with_capacity(workers);
         let mut worker_txs = Vec::with_capacity(workers);
@@ -213,6 +226,7 @@ impl Server {
             admin,
             commands,
             stop_control,
+            access_log: Some(log_thread),
         })
     }
 
@@ -286,6 +300,11 @@ impl Server {
         }
         if let Some(a) = self.admin.take() {
             let _ = a.join();
+        }
+        // The workers handed over their last lines as they stopped.
+        if let (Some(queue), Some(h)) = (&self.shared.access_log, self.access_log.take()) {
+            queue.stop();
+            let _ = h.join();
         }
     }
 }

@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
 use crate::config::Generation;
+use crate::observe::access_log::{LogFile, Queue};
 use crate::observe::metrics::WorkerMetrics;
 use crate::upstream::state::{EndpointState, UpstreamState};
 
@@ -126,6 +127,9 @@ pub struct Published {
     pub endpoints: Arc<EndpointTable>,
     /// Its upstreams' cross-core state (same order as the generation's upstream list).
     pub upstreams: Vec<Arc<UpstreamState>>,
+    /// The access log file, opened by the control thread for this generation (`None`: no
+    /// access log). A reload opens it again; a DNS refresh keeps it.
+    pub access_log: Option<Arc<LogFile>>,
 }
 
 impl Published {
@@ -147,7 +151,14 @@ impl Published {
             gen,
             endpoints: Arc::new(endpoints),
             upstreams,
+            access_log: None,
         }
+    }
+
+    /// The same, logging requests to `file`.
+    pub fn with_access_log(mut self, file: Option<Arc<LogFile>>) -> Self {
+        self.access_log = file;
+        self
     }
 }
 
@@ -238,11 +249,18 @@ pub struct Shared {
     pub epoch: Instant,
     /// Number of workers (the size of every per-worker shard).
     pub workers: usize,
+    /// The access log writer's queue (`None` in tests that start no writer).
+    pub access_log: Option<Queue>,
 }
 
 impl Shared {
     /// Cells for `workers` workers, starting with generation 1.
-    pub fn new(workers: usize, published: Published, driver: DriverKind) -> Self {
+    pub fn new(
+        workers: usize,
+        published: Published,
+        driver: DriverKind,
+        access_log: Option<Queue>,
+    ) -> Self {
         Shared {
             draining: CachePadded::new(AtomicBool::new(false)),
             version: CachePadded::new(AtomicU64::new(0)),
@@ -257,6 +275,7 @@ impl Shared {
             admission: Admission::default(),
             epoch: Instant::now(),
             workers,
+            access_log,
         }
     }
 

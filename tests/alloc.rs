@@ -8,12 +8,16 @@ mod support;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use support::*;
 
 struct Counting;
 
 static WORKER_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+/// The count is process-wide: one test at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 thread_local! {
     /// 1: a ringway worker thread; 2: another thread; 0: not known yet.
@@ -74,6 +78,7 @@ fn per_request(c: &mut Client, send: &[u8], n: u64) -> f64 {
 
 #[test]
 fn proxied_keep_alive_requests_allocate_nothing_in_steady_state() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let origin = Origin::ok("steady");
     let proxy = Proxy::to(origin.addr, "workers = 1\n");
     // The counter works: a new connection (its task, its upstream connection) allocates.
@@ -94,4 +99,31 @@ fn proxied_keep_alive_requests_allocate_nothing_in_steady_state() {
     println!("allocations per proxied request: GET {get_rate:.4}, POST {post_rate:.4}");
     assert_eq!(get_rate, 0.0, "GET allocates {get_rate} per request");
     assert_eq!(post_rate, 0.0, "POST allocates {post_rate} per request");
+}
+
+/// With the access log on, a request's line is built in a reused buffer: what is left is one
+/// batch buffer per `buffer_bytes` of lines (64 KiB: about 250 requests).
+#[test]
+fn the_access_log_allocates_once_per_batch_not_per_request() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Dir::new("alloc-access-log");
+    let log = dir.0.join("access.log");
+    let origin = Origin::ok("steady");
+    let proxy = Proxy::to(
+        origin.addr,
+        &format!("workers = 1\n[access_log]\npath = \"{}\"\n", log.display()),
+    );
+    let mut c = proxy.connect();
+    let get = b"GET /a/b?c=d HTTP/1.1\r\nHost: example.com\r\nUser-Agent: alloc-test\r\n\r\n";
+    per_request(&mut c, get, 1000);
+    let rate = per_request(&mut c, get, 10_000);
+    println!("allocations per proxied request with the access log on: {rate:.4}");
+    assert!(rate > 0.0 && rate < 0.01, "{rate} per request");
+    drop(c);
+    drop(proxy);
+    let lines = std::fs::read_to_string(&log)
+        .expect("the log")
+        .lines()
+        .count();
+    assert_eq!(lines, 11_000, "every request has its line");
 }

@@ -56,6 +56,8 @@ pub struct Generation {
     pub http: HttpConfig,
     /// HTTP/2 inbound.
     pub http2: Http2Config,
+    /// The access log, when configured.
+    pub access_log: Option<AccessLogConfig>,
     /// Listening sockets.
     pub listeners: Vec<ListenerConfig>,
     /// Upstreams, referenced by index from routes.
@@ -162,6 +164,24 @@ pub struct Http2Config {
     /// Streams ringway had to reset for the client's protocol errors, at most, per
     /// connection; beyond it the connection is closed.
     pub max_local_error_reset_streams: usize,
+}
+
+/// `[access_log]`: one JSON line per request (`observe::access_log`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    /// The file lines are appended to (relative paths are relative to the config file).
+    pub path: std::path::PathBuf,
+    /// Bytes of lines a worker gathers before handing them to the writer thread.
+    pub buffer_bytes: usize,
+    /// Longest a line waits in a worker's buffer.
+    pub flush_interval: Duration,
+}
+
+impl AccessLogConfig {
+    /// Default of `buffer_bytes`.
+    pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
+    /// Default of `flush_interval`.
+    pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 }
 
 /// `[http]`: limits and timeouts on the client side.
@@ -650,6 +670,20 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
                 .join(", ")
         }
     );
+    match &gen.access_log {
+        None => {
+            let _ = writeln!(out, "access log: off");
+        }
+        Some(l) => {
+            let _ = writeln!(
+                out,
+                "access log: {} (JSON lines; batches of {} bytes, written within {:?})",
+                l.path.display(),
+                l.buffer_bytes,
+                l.flush_interval
+            );
+        }
+    }
     if let Some(a) = &gen.admin {
         let _ = writeln!(out, "admin: {} (POST /-/reload, GET /-/upstreams, POST /-/upstreams/NAME/endpoints/ADDR/drain|undrain)", a.address);
     }

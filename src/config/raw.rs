@@ -22,6 +22,7 @@ pub(crate) struct RawConfig {
     pub(crate) http: RawHttp,
     #[serde(default)]
     pub(crate) http2: RawHttp2,
+    pub(crate) access_log: Option<Spanned<RawAccessLog>>,
     #[serde(default)]
     pub(crate) listeners: Vec<Spanned<RawListener>>,
     #[serde(default)]
@@ -42,6 +43,15 @@ pub(crate) struct RawHttp2 {
     pub(crate) max_header_list_bytes: Option<Spanned<i64>>,
     pub(crate) max_pending_accept_reset_streams: Option<Spanned<i64>>,
     pub(crate) max_local_error_reset_streams: Option<Spanned<i64>>,
+}
+
+/// `[access_log]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAccessLog {
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) buffer_bytes: Option<Spanned<i64>>,
+    pub(crate) flush_interval: Option<Spanned<String>>,
 }
 
 /// `workers = 4` or `workers = "auto"`.

@@ -14,8 +14,8 @@ use super::raw::{
     RawRoute, RawUpstream, RawValueMatch, RawWorkers,
 };
 use super::{
-    AdminConfig, BalancerConfig, BreakerConfig, ConfigError, CpuPinning, DriverChoice,
-    EndpointSpec, GatewayConfig, Generation, HashKey, HealthCheckConfig, HttpConfig,
+    AccessLogConfig, AdminConfig, BalancerConfig, BreakerConfig, ConfigError, CpuPinning,
+    DriverChoice, EndpointSpec, GatewayConfig, Generation, HashKey, HealthCheckConfig, HttpConfig,
     ListenerConfig, OutlierConfig, RateLimitConfig, RetryBudgetConfig, RetryOn, RetryPolicy,
     UpstreamConfig, Workers,
 };
@@ -209,6 +209,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
 
     let http = compile_http(&ctx, &raw)?;
     let http2 = compile_http2(&ctx, &raw, &http)?;
+    let access_log = compile_access_log(&ctx, &raw)?;
 
     let admin = match &raw.admin {
         None => None,
@@ -350,10 +351,41 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         admin,
         http,
         http2,
+        access_log,
         listeners,
         upstreams,
         routes,
     })
+}
+
+/// `[access_log]`: off without the table; the table needs a `path`.
+fn compile_access_log(
+    ctx: &Ctx<'_>,
+    raw: &RawConfig,
+) -> Result<Option<AccessLogConfig>, ConfigError> {
+    let Some(t) = &raw.access_log else {
+        return Ok(None);
+    };
+    let r = t.get_ref();
+    let Some(path) = r.path.as_ref().filter(|p| !p.get_ref().trim().is_empty()) else {
+        return Err(ctx.error(
+            t.span(),
+            "access_log needs a `path` (a file, or \"/dev/stdout\"); remove the table to log nothing",
+        ));
+    };
+    let buffer_bytes = ctx.int(
+        &r.buffer_bytes,
+        AccessLogConfig::DEFAULT_BUFFER_BYTES as u64,
+        0..16 * 1024 * 1024,
+        "access_log.buffer_bytes",
+    )? as usize;
+    let flush_interval =
+        ctx.duration(&r.flush_interval, AccessLogConfig::DEFAULT_FLUSH_INTERVAL)?;
+    Ok(Some(AccessLogConfig {
+        path: ctx.base_dir.join(path.get_ref().trim()),
+        buffer_bytes,
+        flush_interval,
+    }))
 }
 
 /// A listener's `tls` table: reads and checks the certificates now, so a broken file refuses

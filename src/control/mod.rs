@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{compile, hash_text, stamp, EndpointSpec, FileStamp, Generation};
 use crate::net::bind_group;
+use crate::observe::access_log;
 use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
 use crate::worker::WorkerCommand;
 
@@ -285,6 +286,13 @@ impl Control {
             }
         }
 
+        // Opened again on every reload, even at the same path: a rotated log (renamed, then
+        // SIGHUP) goes on in a new file.
+        let log_file = match &gen.access_log {
+            None => None,
+            Some(cfg) => Some(access_log::open(&cfg.path)?),
+        };
+
         // Bind added listeners before anything is published: a failure leaves all as it was.
         let workers = self.workers.len();
         let mut added = Vec::new();
@@ -307,8 +315,9 @@ impl Control {
 
         let number = current.number + 1;
         self.retry_at = None;
-        self.shared
-            .publish(Published::new(number, Arc::new(gen), endpoints, &book));
+        self.shared.publish(
+            Published::new(number, Arc::new(gen), endpoints, &book).with_access_log(log_file),
+        );
         let published = self.shared.published.load_full();
         for (group, configured) in added {
             self.bound.push((configured, group.addr));
@@ -385,12 +394,10 @@ impl Control {
         };
         if *current.endpoints != table {
             tracing::info!("upstream endpoints changed after DNS refresh");
-            self.shared.publish(Published::new(
-                current.number,
-                current.gen.clone(),
-                table,
-                &book,
-            ));
+            self.shared.publish(
+                Published::new(current.number, current.gen.clone(), table, &book)
+                    .with_access_log(current.access_log.clone()),
+            );
         }
     }
 }

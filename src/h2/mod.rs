@@ -40,6 +40,7 @@ use crate::http1::{
     parse_response, BodyFraming, ChunkedDecoder, HeaderField, Method, ResponseEdits, ResponseHead,
     Span, Step, WrittenRequest, MAX_HEADERS_HARD_LIMIT,
 };
+use crate::observe::access_log::{Outcome, Request};
 use crate::observe::metrics::add;
 use crate::worker::Worker;
 
@@ -214,6 +215,7 @@ impl Drop for StreamGuard {
 fn local_error(
     respond: &mut SendResponse<Bytes>,
     w: &Worker,
+    (req, client): (&http::request::Parts, std::net::SocketAddr),
     kind: ErrorKind,
     message: &str,
     grpc: bool,
@@ -222,6 +224,25 @@ fn local_error(
         return;
     };
     let rid = w.ids.next();
+    let line = w.logs_requests().then(|| {
+        let mut line = w.log_begin(&Request {
+            request_id: rid.as_bytes(),
+            client,
+            protocol: "HTTP/2",
+            method: req.method.as_str().as_bytes(),
+            host: req.uri.authority().map_or("", |a| a.as_str()).as_bytes(),
+            target: req
+                .uri
+                .path_and_query()
+                .map_or("", |p| p.as_str())
+                .as_bytes(),
+        });
+        line.outcome(&Outcome {
+            error: Some(kind.code()),
+            ..Outcome::default()
+        });
+        line
+    });
     let builder = http::Response::builder().header("x-request-id", rid.as_str());
     let (resp, body) = if grpc {
         let resp = builder
@@ -250,10 +271,17 @@ fn local_error(
     if let Some(v) = resp.headers_mut().get_mut("x-request-id") {
         v.set_sensitive(true);
     }
+    let sent_status = resp.status().as_u16();
+    let mut sent = 0;
     if let Ok(mut send) = respond.send_response(resp, body.is_none()) {
+        w.metrics().response(sent_status);
         if let Some(body) = body {
+            sent = body.len() as u64;
             let _ = send.send_data(Bytes::from(body), true);
         }
+    }
+    if let Some(line) = line {
+        w.log_finish(line, sent_status, sent);
     }
 }
 
@@ -384,6 +412,7 @@ async fn stream(
         local_error(
             &mut respond,
             &w,
+            (&parts, info.peer.addr),
             ErrorKind::NotImplemented,
             "protocol upgrades are not supported over HTTP/2; use HTTP/1.1",
             grpc,
@@ -397,6 +426,7 @@ async fn stream(
         local_error(
             &mut respond,
             &w,
+            (&parts, info.peer.addr),
             ErrorKind::BadRequest,
             "the :path pseudo-header must be an absolute path",
             grpc,

@@ -47,6 +47,10 @@ pub struct WorkerMetrics {
     pub tls_handshakes: AtomicU64,
     /// TLS handshakes that failed or timed out.
     pub tls_handshake_failures: AtomicU64,
+    /// Access log lines handed to the writer thread.
+    pub access_log_lines: AtomicU64,
+    /// Access log lines dropped because the writer thread was behind.
+    pub access_log_dropped_lines: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -233,6 +237,18 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_client_aborts_total",
         "Proxied requests whose client went away before their response began.",
         sum(shards, |s| &s.client_aborts),
+    );
+    counter(
+        out,
+        "ringway_access_log_lines_total",
+        "Access log lines handed to the log writer.",
+        sum(shards, |s| &s.access_log_lines),
+    );
+    counter(
+        out,
+        "ringway_access_log_dropped_lines_total",
+        "Access log lines dropped because the log writer was behind.",
+        sum(shards, |s| &s.access_log_dropped_lines),
     );
     counter(
         out,

@@ -475,6 +475,7 @@ pub(super) async fn proxy(
     params: Params,
 ) -> bool {
     let gen = &cg.gen;
+    conn.log.upstream = Some(action.upstream);
     let Some(up) = cg.upstreams.get(action.upstream) else {
         // invariant: validate.rs only compiles routes naming existing upstreams.
         return fail(
@@ -611,16 +612,9 @@ pub(super) async fn proxy(
             if !bstate.done {
                 conn.linger = true;
             }
-            let sent = respond::error_retry_after(
-                w,
-                cg,
-                &mut conn.stream,
-                ErrorKind::CircuitOpen,
-                secs,
-                info,
-                close,
-            )
-            .await;
+            let sent =
+                respond::error_retry_after(w, cg, conn, ErrorKind::CircuitOpen, secs, info, close)
+                    .await;
             return sent && !close;
         }
 
@@ -641,7 +635,10 @@ pub(super) async fn proxy(
         let acquired = acquire(w, up, key, replayable, &mut tried, gone.as_ref()).await;
         drop(gone);
         let (inflight, upc, started) = match acquired {
-            Ok(x) => x,
+            Ok(x) => {
+                conn.log.endpoint = Some(x.0.endpoint().addr());
+                x
+            }
             Err(AcquireFail::ClientGone) => {
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, cancelled(), true).await;
@@ -661,6 +658,7 @@ pub(super) async fn proxy(
             }
             Err(AcquireFail::Connect(inflight, err)) => {
                 let ep = inflight.endpoint().clone();
+                conn.log.endpoint = Some(ep.addr());
                 drop(inflight);
                 record(w, up, &ep, ticket, Err(FailureClass::Connect));
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
@@ -1627,6 +1625,7 @@ async fn switch_protocols(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(101);
+    conn.log.status = 101;
     let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
         return Relayed {
@@ -1636,6 +1635,7 @@ async fn switch_protocols(
         };
     }
     add(&w.metrics().bytes_out, len);
+    conn.log.sent += len;
     Relayed {
         reuse: None,
         upstream_failure: None,
@@ -1742,6 +1742,7 @@ async fn relay_response(
             _ => 0,
         },
         decoder: ChunkedDecoder::new(),
+        sent: 0,
     };
     // The first body bytes ride with the head when they fit.
     if let Err(e) = relay_state.fill_head_block(relay, &mut ubuf, &mut out) {
@@ -1762,6 +1763,7 @@ async fn relay_response(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(status);
+    conn.log.status = status;
     if sent.is_ok() && !out.is_empty() {
         sent = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool))
             .await
@@ -1775,8 +1777,9 @@ async fn relay_response(
         };
     }
     add(&w.metrics().bytes_out, len);
+    conn.log.sent += len;
 
-    match relay_state
+    let relayed = relay_state
         .relay_rest(
             w,
             cg,
@@ -1786,8 +1789,9 @@ async fn relay_response(
             ubuf,
             read_timeout,
         )
-        .await
-    {
+        .await;
+    conn.log.sent += relay_state.sent;
+    match relayed {
         // (A close-delimited body has no leftovers: it ends at the close.)
         Ok(leftover) if leftover > 0 => {
             tracing::warn!(
@@ -1814,6 +1818,7 @@ async fn relay_response(
             tunnel: None,
         },
         Err(e) => {
+            conn.log.error = Some(e.kind());
             let upstream_failure = (e.side() == Side::Upstream).then(|| {
                 if e.kind() == ErrorKind::UpstreamInvalid {
                     FailureClass::Invalid
@@ -1846,6 +1851,8 @@ async fn relay_response(
 struct RelayState {
     remaining: u64,
     decoder: ChunkedDecoder,
+    /// Body bytes written to the client by `relay_rest`.
+    sent: u64,
 }
 
 impl RelayState {
@@ -1936,6 +1943,7 @@ impl RelayState {
                     ubuf = b;
                     res.map_err(Error::client_io)?;
                     add(&w.metrics().bytes_out, n as u64);
+                    self.sent += n as u64;
                 }
                 ubuf.consume(skip);
             }
@@ -1983,7 +1991,7 @@ pub(super) async fn fail(
     if request_unread && info.framing.has_body() {
         conn.linger = true;
     }
-    let sent = respond::error(w, cg, &mut conn.stream, kind, Some(info), &info.rid, close).await;
+    let sent = respond::error(w, cg, conn, kind, Some(info), &info.rid, close).await;
     sent && !close
 }
 

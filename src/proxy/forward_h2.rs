@@ -488,16 +488,9 @@ pub(super) async fn proxy(
             add(&stats.circuit_open, 1);
             conn.consume_head(head_len);
             let close = !body_read || !info.keep_alive || w.draining();
-            let sent = respond::error_retry_after(
-                w,
-                cg,
-                &mut conn.stream,
-                ErrorKind::CircuitOpen,
-                secs,
-                info,
-                close,
-            )
-            .await;
+            let sent =
+                respond::error_retry_after(w, cg, conn, ErrorKind::CircuitOpen, secs, info, close)
+                    .await;
             return sent && !close;
         }
         let retry = Retry {
@@ -512,7 +505,10 @@ pub(super) async fn proxy(
         let acquired = acquire(w, up, plan.key, &mut tried, gone.as_ref()).await;
         drop(gone);
         let (ep, inflight, picked, started) = match acquired {
-            Ok(x) => x,
+            Ok(x) => {
+                conn.log.endpoint = Some(x.0.addr());
+                x
+            }
             Err(None) => {
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, cancelled(), !body_read).await;
@@ -1007,11 +1003,15 @@ async fn relay(
         conn.linger = !body_read;
     }
     w.metrics().response(status);
+    conn.log.status = status;
     let deadline = w.now() + cg.gen.http.send_timeout;
+    let len = out.len() as u64;
     let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
         return (false, None);
     }
+    add(&w.metrics().bytes_out, len);
+    conn.log.sent += len;
     if out_framing == Out::None {
         return (keep_client, None);
     }
@@ -1148,6 +1148,7 @@ async fn write_piece(
         let (res, _) = pin!(write_all_by(&mut conn.stream, b, deadline, &w.body_pool)).await;
         res.map_err(|_| ())?;
         add(&w.metrics().bytes_out, len);
+        conn.log.sent += len;
     }
     Ok(())
 }
@@ -1205,6 +1206,7 @@ fn cut_short(
     let _ = w;
     conn.stream.abort();
     conn.aborted = true;
+    conn.log.error = Some(e.kind());
     if e.side() == Side::Upstream {
         tracing::warn!(request_id = ?info.rid.as_str(), error = %e, "upstream failed mid-body; client connection truncated");
     } else {

@@ -34,6 +34,7 @@ use crate::http1::{
     ChunkedDecoder, HeaderKind, Method, RequestHead, ResponseHead, Version,
 };
 use crate::net::client::{ClientStream, Peer};
+use crate::observe::access_log::{Outcome, Pending, Request};
 use crate::observe::metrics::add;
 use crate::observe::request_id::RequestId;
 use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
@@ -79,6 +80,25 @@ pub struct ClientConn {
     tunnel: Option<tunnel::Tunnel>,
     /// TLS with `strict_sni`: a request for another host than the SNI name gets 421.
     strict_sni: bool,
+    /// What the access log says of the exchange in progress.
+    log: Exchange,
+}
+
+/// What the access log says of an exchange, gathered as it runs (reset for each request, and
+/// kept whether or not the log is on: a few stores).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Exchange {
+    /// The status of the response head sent (0: none).
+    pub(crate) status: u16,
+    /// Bytes written to the client for the response (for an HTTP/2 stream, those of its
+    /// body: the h2 crate encodes the head).
+    pub(crate) sent: u64,
+    /// The route's upstream, by index in the generation.
+    pub(crate) upstream: Option<usize>,
+    /// The endpoint of the last attempt.
+    pub(crate) endpoint: Option<SocketAddr>,
+    /// The failure an error response answered, or that cut the response short.
+    pub(crate) error: Option<ErrorKind>,
 }
 
 impl ClientConn {
@@ -259,6 +279,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
         offered: Offered::default(),
         aborted: false,
         tunnel: None,
+        log: Exchange::default(),
     };
     let mut first = true;
     loop {
@@ -287,20 +308,44 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
                 let rid = w.ids.next();
                 tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
                 let cg = w.current();
-                respond::error(&w, &cg, &mut conn.stream, kind, None, &rid, true).await;
+                let line = w
+                    .logs_requests()
+                    .then(|| begin_line(&w, &conn, &rid, false));
+                conn.log = Exchange::default();
+                respond::error(&w, &cg, &mut conn, kind, None, &rid, true).await;
+                if let Some(mut line) = line {
+                    line.outcome(&outcome(&cg, &conn.log));
+                    w.log_finish(line, conn.log.status, conn.log.sent);
+                }
                 conn.linger = true;
                 break;
             }
         }
         first = false;
         let client_keep_alive = conn.head.keep_alive;
-        let keep = dispatch(&w, &mut conn).await;
+        let cg = w.current();
+        let mut line = None;
+        conn.log = Exchange::default();
+        let keep = dispatch(&w, &cg, &mut conn, &mut line).await;
+        if let Some(line) = line.as_mut() {
+            line.outcome(&outcome(&cg, &conn.log));
+        }
+        drop(cg);
         if let Some(t) = conn.tunnel.take() {
             let idle = w.gen().http.tunnel_idle_timeout;
-            let ClientConn { stream, rbuf, .. } = conn;
+            let ClientConn {
+                stream, rbuf, log, ..
+            } = conn;
             let pending = rbuf.filter(|b| !b.is_empty());
-            Box::pin(tunnel::run(&w, stream, pending, t, idle)).await;
+            let sent = Box::pin(tunnel::run(&w, stream, pending, t, idle)).await;
+            // A tunnel's line is written when it closes, with the bytes it carried.
+            if let Some(line) = line {
+                w.log_finish(line, log.status, log.sent + sent);
+            }
             return;
+        }
+        if let Some(line) = line {
+            w.log_finish(line, conn.log.status, conn.log.sent);
         }
         if matches!(conn.stream, ClientStream::Virtual(_)) {
             break; // an HTTP/2 stream carries one exchange
@@ -439,12 +484,58 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
     }
 }
 
-/// Handles one parsed request on the generation in force when it arrived; returns whether the
-/// connection may serve another.
-async fn dispatch(w: &Rc<Worker>, conn: &mut ClientConn) -> bool {
-    let cg = w.current();
-    let keep = dispatch_on(w, &cg, conn).await;
-    w.request_done(&cg);
+/// Starts the access log line of the request in `conn` (`parsed`: its head is; a request
+/// rejected before has no method, host or target).
+fn begin_line(w: &Worker, conn: &ClientConn, rid: &RequestId, parsed: bool) -> Pending {
+    let head = &conn.head;
+    let src = conn.rbuf.as_ref().map_or(&[][..], |b| b.data());
+    let (method, host, target) = if parsed {
+        (
+            head.method_span.get(src),
+            head.host.get(src),
+            head.target.get(src),
+        )
+    } else {
+        (&[][..], &[][..], &[][..])
+    };
+    let protocol = match &conn.stream {
+        ClientStream::Virtual(_) => "HTTP/2",
+        _ if parsed && head.version == Version::Http10 => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    };
+    w.log_begin(&Request {
+        request_id: rid.as_bytes(),
+        client: conn.peer.addr,
+        protocol,
+        method,
+        host,
+        target,
+    })
+}
+
+/// Where the exchange in `log` went, for its access log line.
+fn outcome<'a>(cg: &'a CoreGen, log: &Exchange) -> Outcome<'a> {
+    Outcome {
+        upstream: log
+            .upstream
+            .and_then(|i| cg.gen.upstreams.get(i))
+            .map(|u| u.name.as_str()),
+        endpoint: log.endpoint,
+        error: log.error.map(|k| k.code()),
+    }
+}
+
+/// Handles one parsed request on the generation in force when it arrived (`cg`); returns
+/// whether the connection may serve another. Starts the request's access log `line` when
+/// the log is on.
+async fn dispatch(
+    w: &Rc<Worker>,
+    cg: &Rc<CoreGen>,
+    conn: &mut ClientConn,
+    line: &mut Option<Pending>,
+) -> bool {
+    let keep = dispatch_on(w, cg, conn, line).await;
+    w.request_done(cg);
     keep
 }
 
@@ -476,7 +567,12 @@ impl HeaderLookup for HeadView<'_> {
     }
 }
 
-async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) -> bool {
+async fn dispatch_on(
+    w: &Rc<Worker>,
+    cg: &Rc<CoreGen>,
+    conn: &mut ClientConn,
+    line: &mut Option<Pending>,
+) -> bool {
     let Some(rbuf) = conn.rbuf.as_ref() else {
         return false;
     };
@@ -486,6 +582,9 @@ async fn dispatch_on(w: &Rc<Worker>, cg: &Rc<CoreGen>, conn: &mut ClientConn) ->
         .find(HeaderKind::XRequestId)
         .and_then(|h| RequestId::from_inbound(h.value.get(src)))
         .unwrap_or_else(|| w.ids.next());
+    if w.logs_requests() {
+        *line = Some(begin_line(w, conn, &rid, true));
+    }
     // (Decided by the HTTP/2 side from the stream's content type.)
     let grpc = conn.stream.is_grpc();
     let grpc_deadline = if grpc {
@@ -667,14 +766,10 @@ async fn answer_local(
     }
     let sent = match answer {
         Answer::Error(kind) => {
-            respond::error(w, cg, &mut conn.stream, kind, Some(info), &info.rid, !keep).await
+            respond::error(w, cg, conn, kind, Some(info), &info.rid, !keep).await
         }
-        Answer::Maintenance(m) => {
-            respond::maintenance(w, cg, &mut conn.stream, m, info, !keep).await
-        }
-        Answer::Local(resp) => {
-            respond::send(w, cg, &mut conn.stream, resp, Some(info), &info.rid, !keep).await
-        }
+        Answer::Maintenance(m) => respond::maintenance(w, cg, conn, m, info, !keep).await,
+        Answer::Local(resp) => respond::send(w, cg, conn, resp, Some(info), &info.rid, !keep).await,
     };
     if !sent {
         return false;

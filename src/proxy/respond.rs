@@ -1,10 +1,8 @@
 //! Responses ringway writes itself: the JSON error envelope, configured `respond` actions and
 //! the reserved endpoints. The only place an error becomes bytes on the wire.
 
-use crate::net::client::ClientStream;
-
 use super::io::write_all_by;
-use super::ReqInfo;
+use super::{ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::ErrorKind;
 use crate::http1::encode::{decimal, put_field, put_status_line, put_u64};
@@ -32,7 +30,7 @@ pub struct Local<'a> {
 pub async fn send(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut ClientStream,
+    conn: &mut ClientConn,
     resp: Local<'_>,
     req: Option<&ReqInfo>,
     rid: &RequestId,
@@ -80,18 +78,20 @@ pub async fn send(
     // Counted before the write: a client that has read the response and asks /metrics next
     // must see it counted.
     w.metrics().response(resp.status);
+    conn.log.status = resp.status;
     loop {
         let n = out.spare().min(body.len());
         // Fits by construction: n <= spare.
         let _ = out.put(&body[..n]);
         body = &body[n..];
         let len = out.len() as u64;
-        let (res, buf) = write_all_by(stream, out, deadline, &w.pool).await;
+        let (res, buf) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
         out = buf;
         if res.is_err() {
             return false;
         }
         add(&w.metrics().bytes_out, len);
+        conn.log.sent += len;
         if body.is_empty() {
             break;
         }
@@ -104,7 +104,7 @@ pub async fn send(
 pub async fn error(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut ClientStream,
+    conn: &mut ClientConn,
     kind: ErrorKind,
     req: Option<&ReqInfo>,
     rid: &RequestId,
@@ -118,7 +118,7 @@ pub async fn error(
     envelope_response(
         w,
         cg,
-        stream,
+        conn,
         kind,
         kind.message(),
         retry_after,
@@ -134,7 +134,7 @@ pub async fn error(
 pub async fn error_retry_after(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut ClientStream,
+    conn: &mut ClientConn,
     kind: ErrorKind,
     secs: u64,
     req: &ReqInfo,
@@ -145,7 +145,7 @@ pub async fn error_retry_after(
     envelope_response(
         w,
         cg,
-        stream,
+        conn,
         kind,
         kind.message(),
         text,
@@ -160,7 +160,7 @@ pub async fn error_retry_after(
 pub async fn maintenance(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut ClientStream,
+    conn: &mut ClientConn,
     m: &Maintenance,
     req: &ReqInfo,
     close: bool,
@@ -171,7 +171,7 @@ pub async fn maintenance(
     envelope_response(
         w,
         cg,
-        stream,
+        conn,
         kind,
         &m.message,
         secs,
@@ -186,7 +186,7 @@ pub async fn maintenance(
 async fn envelope_response(
     w: &Worker,
     cg: &CoreGen,
-    stream: &mut ClientStream,
+    conn: &mut ClientConn,
     kind: ErrorKind,
     message: &str,
     retry_after: &[u8],
@@ -194,11 +194,12 @@ async fn envelope_response(
     rid: &RequestId,
     close: bool,
 ) -> bool {
+    conn.log.error = Some(kind);
     let Some(status) = kind.status() else {
         return false;
     };
     // (A request rejected before its head was parsed is known for gRPC by its stream.)
-    if req.map_or_else(|| stream.is_grpc(), |r| r.grpc) {
+    if req.map_or_else(|| conn.stream.is_grpc(), |r| r.grpc) {
         // gRPC clients read errors from grpc-status: a trailers-only response (its HEADERS
         // frame ends the stream), with the classification as grpc-message.
         let mut digits = [0u8; 20];
@@ -213,7 +214,7 @@ async fn envelope_response(
             headers: &headers,
             body: b"",
         };
-        return send(w, cg, stream, resp, req, rid, close).await;
+        return send(w, cg, conn, resp, req, rid, close).await;
     }
     let mut body = w.pool.take();
     if envelope(&mut body, kind.code(), message, rid).is_err() {
@@ -233,7 +234,7 @@ async fn envelope_response(
     send(
         w,
         cg,
-        stream,
+        conn,
         resp,
         req,
         rid,
@@ -259,25 +260,7 @@ pub fn envelope(
 }
 
 fn put_json_str(out: &mut Block, s: &[u8]) -> Result<(), crate::buf::Full> {
-    for &b in s {
-        match b {
-            b'"' => out.put(b"\\\"")?,
-            b'\\' => out.put(b"\\\\")?,
-            0x00..=0x1f => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.put(&[
-                    b'\\',
-                    b'u',
-                    b'0',
-                    b'0',
-                    HEX[(b >> 4) as usize],
-                    HEX[(b & 15) as usize],
-                ])?
-            }
-            _ => out.put(&[b])?,
-        }
-    }
-    Ok(())
+    crate::observe::access_log::json_escape(s, &mut |piece| out.put(piece))
 }
 
 #[cfg(test)]

@@ -47,20 +47,22 @@ enum Way {
 }
 
 /// Runs the tunnel until both directions ended, or one failed or idled out. `from_client`
-/// holds client bytes already read (sent right after the upgrade request).
+/// holds client bytes already read (sent right after the upgrade request). Returns the bytes
+/// written to the client.
 pub async fn run(
     w: &Worker,
     client: ClientStream,
     from_client: Option<Block>,
     t: Tunnel,
     idle: Duration,
-) {
+) -> u64 {
     if w.draining() {
-        return;
+        return 0;
     }
     let Some((mut client_read, mut client_write)) = client.into_split() else {
-        return;
+        return 0;
     };
+    let (to_upstream, to_client) = (Cell::new(0), Cell::new(0));
     let last = Cell::new(w.now());
     // (`in_flight` is held to the end: the tunnel counts on its endpoint while it lasts.)
     let Tunnel {
@@ -76,7 +78,8 @@ pub async fn run(
         from_client,
         &last,
         idle,
-        Way::ToUpstream
+        Way::ToUpstream,
+        &to_upstream
     ));
     let mut down = std::pin::pin!(pump(
         w,
@@ -85,7 +88,8 @@ pub async fn run(
         Some(pending),
         &last,
         idle,
-        Way::ToClient
+        Way::ToClient,
+        &to_client
     ));
     let both = async {
         match race(up.as_mut(), down.as_mut()).await {
@@ -102,9 +106,11 @@ pub async fn run(
         Either::Left(Ok(())) => {}
         Either::Right(()) => tracing::debug!("tunnel closed: shutting down"),
     }
+    to_client.get()
 }
 
 /// Moves bytes from `src` to `dst` until `src` ends (then shuts `dst`'s write side down).
+#[allow(clippy::too_many_arguments)]
 async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     w: &Worker,
     src: &mut R,
@@ -113,6 +119,7 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     last: &Cell<Instant>,
     idle: Duration,
     way: Way,
+    moved: &Cell<u64>,
 ) -> io::Result<()> {
     let mut buf = first.unwrap_or_else(|| w.body_pool.take());
     loop {
@@ -122,6 +129,7 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
             let (res, b) = write_all_by(dst, buf, deadline, &w.body_pool).await;
             buf = b;
             res?;
+            moved.set(moved.get() + n);
             // Bytes that reached a (slow) reader are activity too.
             last.set(w.now());
             let m = w.metrics();

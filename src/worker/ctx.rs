@@ -17,11 +17,12 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::event::Event;
 use crate::buf::{Block, BufPool};
 use crate::config::Generation;
+use crate::observe::access_log::{AccessLog, Pending, Request, Tally};
 use crate::observe::metrics::{add, WorkerMetrics};
 use crate::observe::request_id::RequestIds;
 use crate::proxy::gone::CloseWatcher;
@@ -203,6 +204,9 @@ pub struct Worker {
     clock_ms: Cell<u64>,
     ticks: Cell<u64>,
     date: RefCell<(u64, [u8; DATE_LEN])>,
+    access_log: RefCell<AccessLog>,
+    /// `access_log.is_on()`, read once per request.
+    logs_requests: Cell<bool>,
 }
 
 impl Worker {
@@ -230,8 +234,11 @@ impl Worker {
             clock_ms: Cell::new(0),
             ticks: Cell::new(0),
             date: RefCell::new((0, [0; DATE_LEN])),
+            access_log: RefCell::new(AccessLog::new(shared.access_log.clone())),
+            logs_requests: Cell::new(false),
             shared,
         };
+        w.install_access_log(&published);
         w.set_clock(w.clock.get());
         w.refresh_date();
         w.pool.set_idle_bytes(published.gen.http.buffer_pool_bytes);
@@ -387,6 +394,53 @@ impl Worker {
         }
     }
 
+    /// Whether requests are logged (the access log of the generation in force).
+    pub fn logs_requests(&self) -> bool {
+        self.logs_requests.get()
+    }
+
+    /// Starts the access log line of a request whose head was just parsed (see
+    /// [`Worker::logs_requests`]).
+    pub fn log_begin(&self, req: &Request<'_>) -> Pending {
+        self.access_log.borrow_mut().begin(req, Instant::now())
+    }
+
+    /// Adds the finished line: the response went out with `status` (0: none) and
+    /// `bytes_sent` bytes.
+    pub fn log_finish(&self, line: Pending, status: u16, bytes_sent: u64) {
+        let tally = self
+            .access_log
+            .borrow_mut()
+            .finish(line, status, bytes_sent, Instant::now());
+        self.count_log(tally);
+    }
+
+    /// Hands the access log's gathered lines to its writer (the worker is stopping).
+    pub fn flush_access_log(&self) {
+        let tally = self.access_log.borrow_mut().flush();
+        self.count_log(tally);
+    }
+
+    fn install_access_log(&self, published: &Published) {
+        let cfg = published.gen.access_log.as_ref();
+        let mut log = self.access_log.borrow_mut();
+        let tally = log.install(
+            published.access_log.clone().filter(|_| cfg.is_some()),
+            cfg.map_or(0, |c| c.buffer_bytes),
+            cfg.map_or(Duration::from_secs(1), |c| c.flush_interval),
+        );
+        self.logs_requests.set(log.is_on());
+        drop(log);
+        self.count_log(tally);
+    }
+
+    fn count_log(&self, tally: Tally) {
+        if tally != Tally::default() {
+            add(&self.metrics().access_log_lines, tally.written);
+            add(&self.metrics().access_log_dropped_lines, tally.dropped);
+        }
+    }
+
     /// Periodic housekeeping: clock, shutdown flag, new generations and endpoints, idle pool
     /// reaping, block pool trimming (once a second), listener changes. Returns the sockets of
     /// listeners to start accepting on, with their configured addresses.
@@ -405,6 +459,7 @@ impl Worker {
                 self.body_pool.set_idle_bytes(idle);
                 let next = CoreGen::new(&published, self.id, Some(&current));
                 *self.current.borrow_mut() = Rc::new(next);
+                self.install_access_log(&published);
                 // Accept loops waiting for room below the connection cap check again: a
                 // raised `max_connections` makes room no connection's close announces.
                 self.slots.notify_all();
@@ -423,6 +478,10 @@ impl Worker {
                     }
                 }
             }
+        }
+        if self.logs_requests.get() {
+            let tally = self.access_log.borrow_mut().tick(now);
+            self.count_log(tally);
         }
         self.closes
             .check(now, self.current().gen.http.client_close_check);

@@ -92,6 +92,7 @@ pub async fn serve(
             "shutdown timeout reached; closing connections still in flight"
         );
     }
+    w.flush_access_log();
 }
 
 fn register(s: std::net::TcpListener) -> std::io::Result<(TcpListener, SocketAddr)> {
