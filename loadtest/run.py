@@ -37,6 +37,8 @@ PORTS = {
     "ringway-off": 18085,
     "ringway-on": 18086,
     "baseline": 18087,
+    "ringway-log": 18088,
+    "nginx-log": 18089,
 }
 
 # Resilience features for the on/off comparison (issue: p2c_ewma, breaker, retries and the cap
@@ -51,7 +53,22 @@ FEATURES = {
         "upstream": ('balancer = "p2c_ewma"\nbreaker = { failure_threshold = 5, open_duration = "30s", half_open_max = 2 }\n'
                      'retries = { attempts = 3, retry_on = ["connect_failure", "reset", "gateway_error"] }\n'),
     },
+    # The access log on (a file in the work directory), against nginx with its own on.
+    "ringway-log": {
+        "gateway": '[access_log]\npath = "{WORK}/ringway-access.log"\n',
+        "upstream": "",
+    },
 }
+
+# nginx's access log for `nginx-log`: the fields of ringway's line, as JSON, buffered as
+# ringway's is (64 KiB, written at least once a second).
+NGINX_LOG = (
+    "log_format rw escape=json '{\"time\":\"$time_iso8601\",\"request_id\":\"$request_id\","
+    "\"client\":\"$remote_addr:$remote_port\",\"protocol\":\"$server_protocol\","
+    "\"method\":\"$request_method\",\"host\":\"$host\",\"target\":\"$request_uri\","
+    "\"status\":$status,\"bytes_sent\":$bytes_sent,\"duration\":$request_time,"
+    "\"endpoint\":\"$upstream_addr\"}';\n"
+    "  access_log {WORK}/nginx-access.log rw buffer=64k flush=1s;")
 
 # Each proxy also listens for h2c (nginx and HAProxy need their own port; ringway detects the
 # preface on its main one) and for TLS (h2 and http/1.1 by ALPN), at these offsets.
@@ -224,7 +241,7 @@ def run_one(target, port, scenario, pids):
     scheme = "https" if scenario.get("tls") else "http"
     if scenario.get("tls"):
         port += TLS_OFFSET
-    elif scenario.get("h2") and target in ("nginx", "haproxy"):
+    elif scenario.get("h2") and target in ("nginx", "nginx-log", "haproxy"):
         port += H2C_OFFSET
     url = f"{scheme}://127.0.0.1:{port}{scenario['path']}"
     d = scenario["duration"]
@@ -298,8 +315,9 @@ def main():
     ap.add_argument("--duration", type=int, default=None, help="seconds per run")
     ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew")
     ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll",
-                    help="comma list of direct, ringway, nginx, haproxy, ringway-epoll, and ringway-off / "
-                         "ringway-on (resilience features off / on, for their cost)")
+                    help="comma list of direct, ringway, nginx, haproxy, ringway-epoll, "
+                         "ringway-off / ringway-on (resilience features off / on, for their "
+                         "cost), and ringway-log / nginx-log (each with its access log on)")
     ap.add_argument("--loadgen-cpu", type=int, default=0)
     ap.add_argument("--proxy-cpu", type=int, default=1)
     ap.add_argument("--no-build", action="store_true")
@@ -330,6 +348,7 @@ def main():
         results = run_all(args, targets, scenarios, rounds, duration)
     finally:
         stop_all()
+        trim_access_logs(remove=True)
     report(results, targets, rounds, duration, time.time() - started)
 
 
@@ -351,18 +370,20 @@ def run_all(args, targets, scenarios, rounds, duration):
             text = (f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
                     .replace("{WORK}", WORK).replace("{TLS_PORT}", str(port + TLS_OFFSET)))
         if features:
-            text = text.replace("[http]\n", features["gateway"] + "[http]\n")
+            gateway = features["gateway"].replace("{WORK}", WORK)
+            text = text.replace("[http]\n", gateway + "[http]\n")
             text = text.replace("pool_max_idle = 1024\n", "pool_max_idle = 1024\n" + features["upstream"])
         with open(path, "w") as f:
             f.write(text)
         return path
 
-    def templ(name, port):
+    def templ(name, port, out_name=None, edit=lambda t: t):
         with open(os.path.join(HERE, name)) as f:
-            text = (f.read().replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
+            text = edit(f.read())
+            text = (text.replace("{PORT}", str(port)).replace("{ORIGIN}", origin).replace("{CPU}", str(pc))
                     .replace("{WORK}", WORK).replace("{MASK}", "1" + "0" * pc)
                     .replace("{H2C_PORT}", str(port + H2C_OFFSET)).replace("{TLS_PORT}", str(port + TLS_OFFSET)))
-        path = os.path.join(WORK, name)
+        path = os.path.join(WORK, out_name or name)
         with open(path, "w") as f:
             f.write(text)
         return path
@@ -380,6 +401,14 @@ def run_all(args, targets, scenarios, rounds, duration):
             running[t] = start(t, [rw, "--config", ringway_conf(port)], pc, env=dict(os.environ, RUST_LOG="warn", MONOIO_FORCE_LEGACY_DRIVER="1"))
         elif t == "nginx":
             running[t] = start(t, ["nginx", "-c", templ("nginx.conf", port), "-p", WORK], pc)
+        elif t == "nginx-log":
+            def edit(text):
+                text = text.replace("access_log off;", NGINX_LOG)
+                for own in ("nginx.pid", "nginx-error.log", "nginx-body", "nginx-proxy"):
+                    text = text.replace(own, own.replace("nginx", "nginx-log"))
+                return text
+            conf = templ("nginx.conf", port, "nginx-log.conf", edit)
+            running[t] = start(t, ["nginx", "-c", conf, "-p", WORK], pc)
         elif t == "haproxy":
             running[t] = start(t, ["haproxy", "-f", templ("haproxy.cfg", port)], pc)
         if t != "direct" and not wait_port(port):
@@ -425,8 +454,24 @@ def run_all(args, targets, scenarios, rounds, duration):
             for t in sc_targets:
                 fig = run_one(t, port_of(t), scenario, pids(t))
                 results[sc_name][t].append(fig)
+                trim_access_logs()
                 log(f"{sc_name} round {r + 1} {t}: {fig['rps']:,.0f} req/s p99 {fmt(fig.get('p99'), 'ms')} cpu {fmt(fig.get('cpu_us'))} us/req errors {fig.get('errors', 0)} non2xx {fig.get('non2xx', 0)}")
     return results
+
+
+# The access logs of `ringway-log` and `nginx-log` (tens of MB a run): emptied after each run
+# (both proxies append, so they go on writing at the new end) and removed at the end.
+ACCESS_LOGS = ("ringway-access.log", "nginx-access.log")
+
+
+def trim_access_logs(remove=False):
+    for name in ACCESS_LOGS:
+        path = os.path.join(WORK, name)
+        if os.path.exists(path):
+            if remove:
+                os.remove(path)
+            else:
+                os.truncate(path, 0)
 
 
 def rss_check(running, targets):
@@ -511,6 +556,15 @@ def report(results, targets, rounds, duration, elapsed):
                     parts.append(f"cpu per round {median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f}, "
                                  f"at or below in {lower} of {len(paired)})")
                 lines.append(f"  ringway/{other}: " + ", ".join(p for p in parts if p))
+        pairs = (("ringway-log", "ringway"), ("nginx-log", "nginx"), ("ringway-log", "nginx-log"))
+        for a, b in pairs:
+            if a in med and b in med and med[b]["cpu_us"]:
+                paired = paired_ratios(per[a], per[b], "cpu_us")
+                extra = ""
+                if len(paired) > 1:
+                    extra = (f", cpu per round {median(paired):.2f} "
+                             f"({min(paired):.2f}-{max(paired):.2f})")
+                lines.append(f"  {a}/{b}: cpu {med[a]['cpu_us'] / med[b]['cpu_us']:.2f}{extra}")
         if "direct" in med and "ringway" in med and med["direct"]["rps"]:
             lines.append(f"  ringway/direct: req/s {med['ringway']['rps'] / med['direct']['rps']:.2f}")
         lines.append("")
