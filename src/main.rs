@@ -303,14 +303,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// SIGTERM, SIGINT and SIGHUP, taken from the start: one arriving while the config loads
-/// (start-up may resolve names for seconds) waits for the signal thread rather than killing
-/// the process (a logrotate SIGHUP, say).
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR1, taken from the start: one arriving while the config
+/// loads (start-up may resolve names for seconds) waits for the signal thread rather than
+/// killing the process (a logrotate signal, say).
 fn signals() -> Result<signal_hook::iterator::Signals, ExitCode> {
     signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
     ])
     .map_err(|e| {
         eprintln!("ringway: cannot install signal handlers: {e}");
@@ -328,7 +329,10 @@ fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(config = %source, "serving; SIGHUP reloads, SIGTERM or SIGINT drains and stops");
+    tracing::info!(
+        config = %source,
+        "serving; SIGHUP reloads, SIGUSR1 reopens the access log, SIGTERM or SIGINT drains and stops"
+    );
     let handle = server.shutdown_handle();
     let reload = server.reload_handle();
     let spawned = std::thread::Builder::new()
@@ -339,6 +343,9 @@ fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode
                 if sig == signal_hook::consts::SIGHUP {
                     tracing::info!("SIGHUP: reloading the config");
                     reload.reload();
+                } else if sig == signal_hook::consts::SIGUSR1 {
+                    tracing::info!("SIGUSR1: reopening the access log");
+                    reload.reopen_logs();
                 } else if first {
                     tracing::info!(signal = sig, "shutting down: draining in-flight requests");
                     handle.shutdown();
@@ -349,7 +356,7 @@ fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode
                 }
             }
         });
-    // Without the thread that takes them, SIGTERM, SIGINT and SIGHUP would be caught and
+    // Without the thread that takes them, SIGTERM, SIGINT, SIGHUP and SIGUSR1 would be caught and
     // never acted on: only SIGKILL would stop the process.
     if let Err(e) = spawned {
         eprintln!("ringway: cannot start the signal thread: {e}");

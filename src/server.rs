@@ -70,6 +70,22 @@ impl ReloadHandle {
         let _ = self.0.send(Command::Reload { reply: None });
     }
 
+    /// Opens the access log file again (log rotation) and returns at once.
+    pub fn reopen_logs(&self) {
+        let _ = self.0.send(Command::ReopenLogs { reply: None });
+    }
+
+    /// Opens the access log file again and waits until it is published (workers take it on
+    /// their next tick), or for why it could not be opened.
+    pub fn reopen_logs_and_wait(&self) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        self.0
+            .send(Command::ReopenLogs { reply: Some(tx) })
+            .map_err(|_| "the control thread is not running".to_string())?;
+        rx.recv()
+            .map_err(|_| "the control thread stopped".to_string())?
+    }
+
     /// Reloads and waits for the outcome: the new generation number, or why the running
     /// config was kept.
     pub fn reload_and_wait(&self) -> Result<u64, String> {
@@ -302,9 +318,20 @@ impl Server {
             let _ = a.join();
         }
         // The workers handed over their last lines as they stopped.
+        // Bounded: a log on a pipe nobody reads would never be written.
         if let (Some(queue), Some(h)) = (&self.shared.access_log, self.access_log.take()) {
-            queue.stop();
-            let _ = h.join();
+            let end = std::time::Instant::now() + access_log::STOP_WAIT;
+            if queue.stop() {
+                while !h.is_finished() && std::time::Instant::now() < end {
+                    #[allow(clippy::disallowed_methods)] // the caller's thread, not a worker
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                tracing::warn!("the access log writer did not finish; lines may be lost");
+            }
         }
     }
 }

@@ -65,6 +65,9 @@ fn every_kind_of_answer_gets_one_line() {
     let mut bad = Client::connect(addr);
     bad.send(b"GET /x HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n");
     assert_eq!(bad.read_response(false).expect("400").status, 400);
+    // A long target is kept cut, never dropped with its line.
+    let long = format!("/hello/{}", "a".repeat(6000));
+    assert_eq!(c.get(&long).status, 200);
     // Nothing is written before the interval or a full buffer.
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(lines(&dir.0.join("access.log")).len(), 0);
@@ -72,7 +75,13 @@ fn every_kind_of_answer_gets_one_line() {
     server.join();
 
     let lines = lines(&dir.0.join("access.log"));
-    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let cut = lines
+        .iter()
+        .find(|l| l["target"].as_str().is_some_and(|t| t.ends_with("aaa...")))
+        .expect("the long target's line");
+    assert_eq!(cut["target"].as_str().unwrap().len(), 4096 + 3);
+    assert_eq!(cut["status"], 200);
     let proxied = find(&lines, "/api/x?q=1");
     assert_eq!(proxied["status"], 200);
     assert_eq!(proxied["method"], "GET");
@@ -173,6 +182,8 @@ fn http2_streams_are_logged() {
     assert_eq!(stream["protocol"], "HTTP/2");
     assert_eq!(stream["host"], "h2.test");
     assert_eq!(stream["status"], 200);
+    // The DATA the client got: the body, not the HTTP/1.1 form the proxy side wrote.
+    assert_eq!(stream["bytes_sent"], "h2 body".len() as u64);
     assert_eq!(stream["upstream"], "api");
     let connect = lines
         .iter()
@@ -263,6 +274,19 @@ fn a_reload_reopens_the_log_for_rotation() {
     assert_eq!(old.len(), 1);
     assert_eq!(old[0]["target"], "/hello");
 
+    // SIGUSR1's reopening works while the config file is broken (being edited, say).
+    std::fs::rename(&path, dir.0.join("access.log.2")).unwrap();
+    dir.write("this is not a config");
+    server
+        .reload_handle()
+        .reopen_logs_and_wait()
+        .expect("reopened");
+    std::thread::sleep(Duration::from_millis(60)); // workers take it on their tick
+    assert_eq!(c.get("/api/reopened").status, 200);
+    assert!(wait_until(Duration::from_secs(5), || lines(&path).len() == 1));
+    assert_eq!(lines(&path)[0]["target"], "/api/reopened");
+    assert_eq!(lines(&dir.0.join("access.log.2")).len(), 1);
+
     // A reload that cannot open the file is refused; the running log stays.
     dir.write(&config(
         origin.addr,
@@ -272,6 +296,17 @@ fn a_reload_reopens_the_log_for_rotation() {
     assert!(err.contains("cannot open the access log"), "{err}");
     assert_eq!(c.get("/api/still").status, 200);
     assert!(wait_until(Duration::from_secs(5), || lines(&path).len() == 2));
+    // As is a reopening that cannot open the path (a directory stands there now): the open
+    // file stays.
+    std::fs::rename(&path, dir.0.join("access.log.3")).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let err = server.reload_handle().reopen_logs_and_wait().unwrap_err();
+    assert!(err.contains("cannot open the access log"), "{err}");
+    assert_eq!(c.get("/api/still2").status, 200);
+    let moved = dir.0.join("access.log.3");
+    assert!(wait_until(Duration::from_secs(5), || lines(&moved).len() == 3));
+    std::fs::remove_dir(&path).unwrap();
+    std::fs::rename(&moved, &path).unwrap();
     // A reload without the table turns it off.
     dir.write(&text.replace(
         "[access_log]\npath = \"access.log\"\nflush_interval = \"20ms\"\n",
@@ -283,7 +318,7 @@ fn a_reload_reopens_the_log_for_rotation() {
     std::thread::sleep(Duration::from_millis(100));
     server.shutdown();
     server.join();
-    assert_eq!(lines(&path).len(), 2);
+    assert_eq!(lines(&path).len(), 3);
 }
 
 #[test]
@@ -304,6 +339,10 @@ fn the_config_says_what_is_wrong() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("access_log.buffer_bytes"), "{e}");
+    let e = compile("path = \"x.log\"\nbuffer_bytes = 2000000")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("between 0 and 1048576"), "{e}");
     let gen = compile("path = \"/var/log/x.log\"").expect("compiles");
     let cfg = gen.access_log.expect("on");
     assert_eq!(cfg.path, Path::new("/var/log/x.log"));

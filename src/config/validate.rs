@@ -376,7 +376,7 @@ fn compile_access_log(
     let buffer_bytes = ctx.int(
         &r.buffer_bytes,
         AccessLogConfig::DEFAULT_BUFFER_BYTES as u64,
-        0..16 * 1024 * 1024,
+        0..1024 * 1024,
         "access_log.buffer_bytes",
     )? as usize;
     let flush_interval =

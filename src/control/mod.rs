@@ -118,6 +118,13 @@ pub enum Command {
         /// Where to send the outcome.
         reply: Option<Sender<Result<u64, String>>>,
     },
+    /// Open the access log file again (log rotation: SIGUSR1), without reading the config:
+    /// a config file being edited, or a name that does not resolve, does not keep the
+    /// rotated file in use.
+    ReopenLogs {
+        /// Where to send the outcome.
+        reply: Option<Sender<Result<(), String>>>,
+    },
 }
 
 /// How often the config file's modification time and size are looked at.
@@ -384,6 +391,28 @@ impl Control {
         }
     }
 
+    /// Opens the access log file again and publishes the generation in force with it:
+    /// workers hand their next lines to the new file.
+    fn reopen_logs(&self) -> Result<(), String> {
+        let current = self.shared.published.load_full();
+        let Some(cfg) = &current.gen.access_log else {
+            return Ok(());
+        };
+        let file = access_log::open(&cfg.path)?;
+        let book = StateBook::new(Some(&current), self.shared.workers);
+        self.shared.publish(
+            Published::new(
+                current.number,
+                current.gen.clone(),
+                (*current.endpoints).clone(),
+                &book,
+            )
+            .with_access_log(Some(file)),
+        );
+        tracing::info!(path = %cfg.path.display(), "access log reopened");
+        Ok(())
+    }
+
     /// Re-resolves endpoint names; publishes the same generation with new endpoints when the
     /// answers changed.
     fn refresh_dns(&self) {
@@ -410,6 +439,15 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
         match commands.recv_timeout(CONTROL_TICK) {
             Ok(Command::Reload { reply }) => {
                 let result = control.reload("reload request");
+                if let Some(tx) = reply {
+                    let _ = tx.send(result);
+                }
+            }
+            Ok(Command::ReopenLogs { reply }) => {
+                let result = control.reopen_logs();
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "the access log was not reopened; the open file stays");
+                }
                 if let Some(tx) = reply {
                     let _ = tx.send(result);
                 }

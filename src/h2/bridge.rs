@@ -16,7 +16,7 @@
 //! other side: a full pipe makes its writer wait, so backpressure runs through end to end
 //! (an HTTP/2 reader that grants no window stops the upstream relay).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
@@ -28,6 +28,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::BufResult;
 
 use crate::http1::{BodyFraming, WrittenRequest};
+use crate::observe::access_log::Pending;
 
 /// Bytes a pipe holds before its writer waits.
 pub const PIPE_BYTES: usize = 64 * 1024;
@@ -174,6 +175,13 @@ struct Pipes {
     from_proxy: RefCell<Pipe>,
     /// Where the parts of the request head (the first bytes toward the proxy) are.
     written: RefCell<Option<WrittenRequest>>,
+    /// The exchange's access log line, handed over by the proxy side when it is done: the
+    /// stream's side finishes it once the client has the response (see [`StreamEnd::take_line`]).
+    line: RefCell<Option<Pending>>,
+    /// The status of the HEADERS frame sent to the client (0: none yet).
+    status: Cell<u16>,
+    /// DATA bytes sent to the client.
+    sent: Cell<u64>,
 }
 
 type Shared = Rc<Pipes>;
@@ -217,6 +225,12 @@ impl VirtualConn {
     /// gRPC statuses even before its head is parsed.
     pub fn is_grpc(&self) -> bool {
         self.grpc
+    }
+
+    /// Hands the exchange's access log line to the stream's side, which adds what the client
+    /// got (status and DATA bytes) when the stream ends.
+    pub fn hand_line(&self, line: Pending) {
+        *self.pipes.line.borrow_mut() = Some(line);
     }
 
     /// Where the parts of the request head are, which the stream wrote as the first bytes
@@ -410,6 +424,23 @@ pub struct StreamEnd {
 }
 
 impl StreamEnd {
+    /// The response's HEADERS went to the client with `status`.
+    pub fn responded(&self, status: u16) {
+        self.pipes.status.set(status);
+    }
+
+    /// `n` bytes of DATA went to the client.
+    pub fn sent_data(&self, n: u64) {
+        self.pipes.sent.set(self.pipes.sent.get() + n);
+    }
+
+    /// The access log line the proxy side handed over, with the status and the DATA bytes
+    /// the client got.
+    pub fn take_line(&self) -> Option<(Pending, u16, u64)> {
+        let line = self.pipes.line.borrow_mut().take()?;
+        Some((line, self.pipes.status.get(), self.pipes.sent.get()))
+    }
+
     /// Writes all of `data` toward the proxy, waiting for room; false when the proxy side is
     /// gone.
     pub async fn write_all(&self, mut data: &[u8]) -> bool {

@@ -271,17 +271,21 @@ fn local_error(
     if let Some(v) = resp.headers_mut().get_mut("x-request-id") {
         v.set_sensitive(true);
     }
-    let sent_status = resp.status().as_u16();
-    let mut sent = 0;
+    let status = resp.status().as_u16();
+    // (status, DATA bytes) the client got.
+    let mut got = (0, 0);
     if let Ok(mut send) = respond.send_response(resp, body.is_none()) {
-        w.metrics().response(sent_status);
+        w.metrics().response(status);
+        got.0 = status;
         if let Some(body) = body {
-            sent = body.len() as u64;
-            let _ = send.send_data(Bytes::from(body), true);
+            let n = body.len() as u64;
+            if send.send_data(Bytes::from(body), true).is_ok() {
+                got.1 = n;
+            }
         }
     }
     if let Some(line) = line {
-        w.log_finish(line, sent_status, sent);
+        w.log_finish(line, got.0, got.1);
     }
 }
 
@@ -478,6 +482,11 @@ async fn stream(
         }
     })
     .await;
+    // The exchange's line, with what the client got: the status of the HEADERS sent and the
+    // DATA bytes (HPACK encodes the head; its bytes are not the proxy's to count).
+    if let Some((line, status, sent)) = end.take_line() {
+        w.log_finish(line, status, sent);
+    }
 }
 
 /// Request DATA into the proxy (chunk-framed when the length is unknown); the window is
@@ -584,9 +593,11 @@ async fn relay_response(
     };
     // An empty body ends with the HEADERS frame (gRPC's trailers-only responses must).
     let no_body = matches!(framing, BodyFraming::None | BodyFraming::Length(0));
+    let status = resp.status().as_u16();
     let Ok(mut send) = respond.send_response(resp, no_body) else {
         return;
     };
+    end.responded(status);
     if no_body {
         return;
     }
@@ -616,9 +627,11 @@ async fn relay_response(
         // The last bytes of a Content-Length body end the stream in their own DATA frame
         // (not in an empty one after them: one frame less per response).
         let last = matches!(framing, BodyFraming::Length(_)) && remaining == 0;
+        let n = data.len() as u64;
         if (!data.is_empty() || last) && !send_data(&mut send, data, last, send_timeout).await {
             return;
         }
+        end.sent_data(n);
         if last {
             return;
         }

@@ -17,6 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,14 +28,29 @@ use crate::http1::encode::decimal;
 /// Buffers the writer thread may have queued; beyond them, workers drop what they gathered.
 pub const QUEUE_BATCHES: usize = 64;
 
-/// Longest line kept: fields beyond it are cut (the request head limits make it rare).
-pub const MAX_LINE_BYTES: usize = 16 * 1024;
+/// Most bytes of the request target a line keeps (the rest is cut, and `...` marks it): a
+/// client cannot make its line too long to keep.
+pub const MAX_TARGET_BYTES: usize = 4096;
+
+/// Most bytes of the host a line keeps (then `...`).
+pub const MAX_HOST_BYTES: usize = 1024;
+
+/// Most bytes of the method a line keeps (then `...`).
+pub const MAX_METHOD_BYTES: usize = 64;
+
+/// A line longer than this is not kept (counted as dropped). The field caps above keep every
+/// line below it, escapes included (at most 6 bytes per byte of input).
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 /// Room kept past `buffer_bytes` in a batch buffer for the line that fills it.
 const LINE_ROOM: usize = 1024;
 
 /// How often the writer thread reports failing writes (a full disk fails every batch).
 const WRITE_ERROR_REPORT: Duration = Duration::from_secs(10);
+
+/// Longest a stopping worker waits to queue its last lines, and the server for its writer to
+/// write what is queued (a log on a pipe nobody reads never would).
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// A log file, shared by the workers of one generation.
 #[derive(Debug)]
@@ -43,19 +59,37 @@ pub struct LogFile {
     path: String,
 }
 
-/// Opens `path` for appending, creating it when missing.
+/// Opens `path` for appending, creating it when missing. `/dev/stdout` and `/dev/stderr`
+/// are the process's own descriptors, duplicated: opening them by name fails when they are
+/// sockets (a systemd service's journal).
 pub fn open(path: &Path) -> Result<Arc<LogFile>, String> {
-    OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .map(|file| {
-            Arc::new(LogFile {
-                file,
-                path: path.display().to_string(),
-            })
-        })
-        .map_err(|e| format!("{}: cannot open the access log: {e}", path.display()))
+    use std::os::fd::AsFd;
+    let why = |e: std::io::Error| format!("{}: cannot open the access log: {e}", path.display());
+    let file = if path == Path::new("/dev/stdout") {
+        File::from(
+            std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(why)?,
+        )
+    } else if path == Path::new("/dev/stderr") {
+        File::from(
+            std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(why)?,
+        )
+    } else {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(why)?
+    };
+    Ok(Arc::new(LogFile {
+        file,
+        path: path.display().to_string(),
+    }))
 }
 
 /// Lines for one file.
@@ -71,18 +105,41 @@ enum Msg {
     Stop,
 }
 
-/// The sending side of the writer thread's queue (cloned into every worker).
+/// The sending side of the writer thread's queue (cloned into every worker), and the
+/// writer's count of failed writes.
 #[derive(Debug, Clone)]
-pub struct Queue(SyncSender<Msg>);
+pub struct Queue {
+    tx: SyncSender<Msg>,
+    write_errors: Arc<AtomicU64>,
+}
 
 impl Queue {
-    /// Asks the writer to stop once it has written what is queued before this call.
-    pub fn stop(&self) {
-        let _ = self.0.send(Msg::Stop);
+    /// Asks the writer to stop once it has written what is queued before this call; false
+    /// when the queue stayed full for [`STOP_WAIT`].
+    pub fn stop(&self) -> bool {
+        let mut msg = Msg::Stop;
+        let end = Instant::now() + STOP_WAIT;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return true,
+                Err(TrySendError::Full(m)) if Instant::now() < end => {
+                    msg = m;
+                    // The server's own thread, stopping; never a worker's event loop.
+                    #[allow(clippy::disallowed_methods)]
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
+        }
+    }
+
+    /// Writes that failed (a full disk, a closed pipe), since the start.
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
     }
 
     fn offer(&self, batch: Batch) -> Result<(), Batch> {
-        match self.0.try_send(Msg::Write(batch)) {
+        match self.tx.try_send(Msg::Write(batch)) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(Msg::Write(b)) | TrySendError::Disconnected(Msg::Write(b))) => {
                 Err(b)
@@ -90,21 +147,45 @@ impl Queue {
             Err(_) => Ok(()),
         }
     }
+
+    /// As `offer`, waiting up to [`STOP_WAIT`] for room: for a worker that has stopped
+    /// serving and hands over its last lines.
+    fn offer_waiting(&self, mut batch: Batch) -> Result<(), Batch> {
+        let end = Instant::now() + STOP_WAIT;
+        loop {
+            match self.offer(batch) {
+                Err(b) if Instant::now() < end => {
+                    batch = b;
+                    // A stopping worker: its event loop has nothing left to serve.
+                    #[allow(clippy::disallowed_methods)]
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                done => return done,
+            }
+        }
+    }
 }
 
 /// Starts the writer thread.
 pub fn spawn_writer() -> std::io::Result<(Queue, JoinHandle<()>)> {
     let (tx, rx) = mpsc::sync_channel(QUEUE_BATCHES);
+    let write_errors = Arc::new(AtomicU64::new(0));
+    let errors = write_errors.clone();
     let handle = std::thread::Builder::new()
         .name("ringway-log".into())
-        .spawn(move || write_loop(rx))?;
-    Ok((Queue(tx), handle))
+        .spawn(move || write_loop(rx, &errors))?;
+    Ok((Queue { tx, write_errors }, handle))
 }
 
-fn write_loop(rx: Receiver<Msg>) {
+fn write_loop(rx: Receiver<Msg>, errors: &AtomicU64) {
     let mut reported: Option<Instant> = None;
     while let Ok(Msg::Write(batch)) = rx.recv() {
-        if let Err(e) = (&batch.file.file).write_all(&batch.bytes) {
+        let mut f = &batch.file.file;
+        if let Err(e) = f.write_all(&batch.bytes) {
+            errors.fetch_add(1, Ordering::Relaxed);
+            // Part of a line may have gone out: end it, so that the next batch's first line
+            // starts on a line of its own.
+            let _ = f.write_all(b"\n");
             let now = Instant::now();
             if reported.is_none_or(|at| now.duration_since(at) >= WRITE_ERROR_REPORT) {
                 reported = Some(now);
@@ -159,6 +240,16 @@ impl AccessLog {
     /// Whether lines are wanted.
     pub fn is_on(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// Whether lines go to `file` (the same open file, not only the same path), or nowhere
+    /// when the log is off.
+    pub fn writes_to(&self, file: Option<&Arc<LogFile>>) -> bool {
+        match (&self.file, file) {
+            (Some(mine), Some(f)) => Arc::ptr_eq(mine, f),
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
     }
 
     /// Logs to `file` from now on (`None`: off), in batches of about `buffer_bytes`, each line
@@ -247,6 +338,16 @@ impl AccessLog {
 
     /// Hands every gathered line to the writer.
     pub fn flush(&mut self) -> Tally {
+        self.flush_with(false)
+    }
+
+    /// Hands every gathered line to the writer, waiting up to [`STOP_WAIT`] for room in its
+    /// queue: for a worker that has stopped serving.
+    pub fn flush_last(&mut self) -> Tally {
+        self.flush_with(true)
+    }
+
+    fn flush_with(&mut self, wait: bool) -> Tally {
         let lines = std::mem::take(&mut self.lines);
         self.oldest = None;
         if self.buf.is_empty() {
@@ -261,10 +362,16 @@ impl AccessLog {
         };
         // The next line allocates the next batch's buffer (once per batch).
         let bytes = std::mem::take(&mut self.buf);
-        match queue.offer(Batch {
+        let batch = Batch {
             file: file.clone(),
             bytes,
-        }) {
+        };
+        let offered = if wait {
+            queue.offer_waiting(batch)
+        } else {
+            queue.offer(batch)
+        };
+        match offered {
             Ok(()) => Tally {
                 written: lines,
                 dropped: 0,
@@ -308,11 +415,11 @@ impl Request<'_> {
         out.extend_from_slice(b"\",\"protocol\":");
         put_str(out, self.protocol.as_bytes());
         out.extend_from_slice(b",\"method\":");
-        put_str(out, self.method);
+        put_capped(out, self.method, MAX_METHOD_BYTES);
         out.extend_from_slice(b",\"host\":");
-        put_str(out, self.host);
+        put_capped(out, self.host, MAX_HOST_BYTES);
         out.extend_from_slice(b",\"target\":");
-        put_str(out, self.target);
+        put_capped(out, self.target, MAX_TARGET_BYTES);
     }
 }
 
@@ -384,6 +491,16 @@ impl Pending {
         out.extend_from_slice(&self.buf[self.request_end..]);
         out.push(b'}');
     }
+}
+
+/// `s` as a JSON string, quotes included; cut after `max` bytes, with `...` at the end.
+fn put_capped(out: &mut Vec<u8>, s: &[u8], max: usize) {
+    if s.len() <= max {
+        return put_str(out, s);
+    }
+    put_str(out, &s[..max]);
+    out.pop();
+    out.extend_from_slice(b"...\"");
 }
 
 /// `s` as a JSON string, quotes included.
@@ -567,6 +684,32 @@ mod tests {
         );
     }
 
+    #[test]
+    fn long_fields_are_cut_not_the_line() {
+        let mut log = AccessLog::new(None);
+        let target = vec![b'/'; 10_000];
+        let host = vec![0xffu8; 5000];
+        let req = Request {
+            target: &target,
+            host: &host,
+            method: &[b'M'; 100],
+            ..request()
+        };
+        let p = log.begin(&req, Instant::now());
+        let line = text(&p, 200, UNIX_EPOCH, Instant::now());
+        let target_at = line.find("\"target\":\"").expect("target") + 10;
+        let expected = format!("{}...\"", "/".repeat(4096));
+        assert!(line[target_at..].starts_with(&expected), "{line}");
+        assert!(line.contains(&format!("\"method\":\"{}...\"", "M".repeat(64))));
+        // Bytes that are not UTF-8: a replacement character for each, then `...`.
+        let host_at = line.find("\"host\":\"").expect("host") + 8;
+        let replaced = "\u{fffd}".repeat(1024);
+        assert!(
+            line[host_at..].starts_with(&format!("{replaced}...\"")),
+            "{line}"
+        );
+    }
+
     /// Adds `n` finished lines of status `status` at `now`; the tally of the last.
     fn add(log: &mut AccessLog, n: usize, status: u16, now: Instant) -> Tally {
         let mut tally = Tally::default();
@@ -595,7 +738,10 @@ mod tests {
         let (dir, path) = scratch("batches");
         let file = open(&path).expect("open");
         let (tx, rx) = mpsc::sync_channel(1);
-        let mut log = AccessLog::new(Some(Queue(tx)));
+        let mut log = AccessLog::new(Some(Queue {
+            tx,
+            write_errors: Arc::default(),
+        }));
         assert!(!log.is_on());
         assert_eq!(add(&mut log, 1, 200, Instant::now()), Tally::default());
         log.install(Some(file), 1000, Duration::from_millis(100));
@@ -664,6 +810,10 @@ mod tests {
         assert_eq!(lines[0], "kept");
         assert!(lines[2].contains("\"status\":502"));
         assert!(open(&dir.join("missing/x.log")).is_err());
+        // The process's own outputs, duplicated (by name they cannot be opened when they are
+        // sockets).
+        assert!(open(Path::new("/dev/stdout")).is_ok());
+        assert!(open(Path::new("/dev/stderr")).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

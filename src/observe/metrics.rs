@@ -88,6 +88,8 @@ pub struct Info<'a> {
     pub reloads_ok: u64,
     /// Reloads refused (invalid config, unresolvable name, unbindable listener).
     pub reloads_failed: u64,
+    /// Access log writes that failed.
+    pub access_log_write_errors: u64,
 }
 
 fn sum(shards: &[CachePadded<WorkerMetrics>], f: impl Fn(&WorkerMetrics) -> &AtomicU64) -> u64 {
@@ -114,6 +116,7 @@ pub fn render_all(shared: &crate::shared::Shared, now_ms: u64) -> String {
             generation: shared.generation(),
             reloads_ok: shared.reloads_ok.load(Ordering::Relaxed),
             reloads_failed: shared.reloads_failed.load(Ordering::Relaxed),
+            access_log_write_errors: shared.access_log.as_ref().map_or(0, |q| q.write_errors()),
         },
         &mut text,
     );
@@ -249,6 +252,12 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
         "ringway_access_log_dropped_lines_total",
         "Access log lines dropped because the log writer was behind.",
         sum(shards, |s| &s.access_log_dropped_lines),
+    );
+    counter(
+        out,
+        "ringway_access_log_write_errors_total",
+        "Access log batches whose write failed (a full disk, a closed pipe).",
+        info.access_log_write_errors,
     );
     counter(
         out,
@@ -553,6 +562,7 @@ mod tests {
                 generation: 2,
                 reloads_ok: 1,
                 reloads_failed: 0,
+                access_log_write_errors: 0,
             },
             &mut out,
         );

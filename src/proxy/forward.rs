@@ -599,6 +599,7 @@ pub(super) async fn proxy(
     let mut retry_slot: Option<RetrySlot<'_>> = None;
     let (ticket, inflight, mut upc, ubuf) = loop {
         attempts += 1;
+        conn.log.endpoint = None;
         let mut ticket = Ticket {
             breaker: &up.shared.breaker,
             admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
@@ -1625,9 +1626,9 @@ async fn switch_protocols(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(101);
-    conn.log.status = 101;
     let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
+        conn.log.client_left();
         return Relayed {
             reuse: None,
             upstream_failure: None,
@@ -1635,7 +1636,7 @@ async fn switch_protocols(
         };
     }
     add(&w.metrics().bytes_out, len);
-    conn.log.sent += len;
+    conn.log.wrote(101, len);
     Relayed {
         reuse: None,
         upstream_failure: None,
@@ -1763,13 +1764,13 @@ async fn relay_response(
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     w.metrics().response(status);
-    conn.log.status = status;
     if sent.is_ok() && !out.is_empty() {
         sent = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool))
             .await
             .0;
     }
     if sent.is_err() {
+        conn.log.client_left();
         return Relayed {
             reuse: None,
             upstream_failure: None,
@@ -1777,7 +1778,7 @@ async fn relay_response(
         };
     }
     add(&w.metrics().bytes_out, len);
-    conn.log.sent += len;
+    conn.log.wrote(status, len);
 
     let relayed = relay_state
         .relay_rest(

@@ -479,6 +479,7 @@ pub(super) async fn proxy(
     let (ticket, inflight, resp, stream_slot) = loop {
         duplex_rest = None;
         attempts += 1;
+        conn.log.endpoint = None;
         let mut ticket = Ticket {
             breaker: &up.shared.breaker,
             admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
@@ -1003,15 +1004,14 @@ async fn relay(
         conn.linger = !body_read;
     }
     w.metrics().response(status);
-    conn.log.status = status;
     let deadline = w.now() + cg.gen.http.send_timeout;
     let len = out.len() as u64;
     let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
     if res.is_err() {
-        return (false, None);
+        return client_left(conn);
     }
     add(&w.metrics().bytes_out, len);
-    conn.log.sent += len;
+    conn.log.wrote(status, len);
     if out_framing == Out::None {
         return (keep_client, None);
     }
@@ -1029,7 +1029,7 @@ async fn relay(
         let next = timeout_at(idle, body.data());
         let Some(next) = unless_gone(gone.as_ref(), std::pin::pin!(next)).await else {
             conn.aborted = true;
-            return (false, None);
+            return client_left(conn);
         };
         let counted = !(call_deadline.is_some() && next.is_err());
         let failed = match next {
@@ -1068,7 +1068,7 @@ async fn relay(
             .await
             .is_err()
         {
-            return (false, None);
+            return client_left(conn);
         }
         let _ = body.flow_control().release_capacity(n);
     }
@@ -1113,10 +1113,16 @@ async fn relay(
         let deadline = w.now() + cg.gen.http.send_timeout;
         let (res, _) = pin!(write_all_by(&mut conn.stream, end, deadline, &w.pool)).await;
         if res.is_err() {
-            return (false, None);
+            return client_left(conn);
         }
     }
     (keep_client, None)
+}
+
+/// The client went away mid-response: nothing to count against the upstream.
+fn client_left(conn: &mut ClientConn) -> (bool, Option<FailureClass>) {
+    conn.log.client_left();
+    (false, None)
 }
 
 /// Writes one DATA frame's bytes to the client, chunk-framed when asked.
@@ -1175,6 +1181,7 @@ async fn grpc_end(
     e: Error,
 ) -> (bool, Option<FailureClass>) {
     let class = failure_class(&e);
+    conn.log.error = Some(e.kind());
     tracing::debug!(request_id = ?info.rid.as_str(), error = %e, "gRPC response ended with a status");
     let mut digits = [0u8; 20];
     let code = crate::http1::encode::decimal(

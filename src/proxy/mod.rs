@@ -81,13 +81,13 @@ pub struct ClientConn {
     /// TLS with `strict_sni`: a request for another host than the SNI name gets 421.
     strict_sni: bool,
     /// What the access log says of the exchange in progress.
-    log: Exchange,
+    log: ExchangeLog,
 }
 
 /// What the access log says of an exchange, gathered as it runs (reset for each request, and
 /// kept whether or not the log is on: a few stores).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Exchange {
+pub(crate) struct ExchangeLog {
     /// The status of the response head sent (0: none).
     pub(crate) status: u16,
     /// Bytes written to the client for the response (for an HTTP/2 stream, those of its
@@ -99,6 +99,19 @@ pub(crate) struct Exchange {
     pub(crate) endpoint: Option<SocketAddr>,
     /// The failure an error response answered, or that cut the response short.
     pub(crate) error: Option<ErrorKind>,
+}
+
+impl ExchangeLog {
+    /// `bytes` of the response went out, its head with `status` among them.
+    pub(crate) fn wrote(&mut self, status: u16, bytes: u64) {
+        self.status = status;
+        self.sent += bytes;
+    }
+
+    /// A write to the client failed: it went away (unless a failure was already recorded).
+    pub(crate) fn client_left(&mut self) {
+        self.error.get_or_insert(ErrorKind::ClientClosed);
+    }
 }
 
 impl ClientConn {
@@ -279,7 +292,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
         offered: Offered::default(),
         aborted: false,
         tunnel: None,
-        log: Exchange::default(),
+        log: ExchangeLog::default(),
     };
     let mut first = true;
     loop {
@@ -311,11 +324,11 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
                 let line = w
                     .logs_requests()
                     .then(|| begin_line(&w, &conn, &rid, false));
-                conn.log = Exchange::default();
+                conn.log = ExchangeLog::default();
                 respond::error(&w, &cg, &mut conn, kind, None, &rid, true).await;
                 if let Some(mut line) = line {
                     line.outcome(&outcome(&cg, &conn.log));
-                    w.log_finish(line, conn.log.status, conn.log.sent);
+                    finish_line(&w, &conn, line);
                 }
                 conn.linger = true;
                 break;
@@ -325,7 +338,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
         let client_keep_alive = conn.head.keep_alive;
         let cg = w.current();
         let mut line = None;
-        conn.log = Exchange::default();
+        conn.log = ExchangeLog::default();
         let keep = dispatch(&w, &cg, &mut conn, &mut line).await;
         if let Some(line) = line.as_mut() {
             line.outcome(&outcome(&cg, &conn.log));
@@ -345,7 +358,7 @@ async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_
             return;
         }
         if let Some(line) = line {
-            w.log_finish(line, conn.log.status, conn.log.sent);
+            finish_line(&w, &conn, line);
         }
         if matches!(conn.stream, ClientStream::Virtual(_)) {
             break; // an HTTP/2 stream carries one exchange
@@ -513,8 +526,17 @@ fn begin_line(w: &Worker, conn: &ClientConn, rid: &RequestId, parsed: bool) -> P
     })
 }
 
+/// Adds the finished access log line of the exchange in `conn`. An HTTP/2 stream's goes to
+/// the stream's side, which adds what the client got once it has it (`h2::stream`).
+fn finish_line(w: &Worker, conn: &ClientConn, line: Pending) {
+    match &conn.stream {
+        ClientStream::Virtual(v) => v.hand_line(line),
+        _ => w.log_finish(line, conn.log.status, conn.log.sent),
+    }
+}
+
 /// Where the exchange in `log` went, for its access log line.
-fn outcome<'a>(cg: &'a CoreGen, log: &Exchange) -> Outcome<'a> {
+fn outcome<'a>(cg: &'a CoreGen, log: &ExchangeLog) -> Outcome<'a> {
     Outcome {
         upstream: log
             .upstream

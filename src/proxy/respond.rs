@@ -78,7 +78,6 @@ pub async fn send(
     // Counted before the write: a client that has read the response and asks /metrics next
     // must see it counted.
     w.metrics().response(resp.status);
-    conn.log.status = resp.status;
     loop {
         let n = out.spare().min(body.len());
         // Fits by construction: n <= spare.
@@ -88,10 +87,11 @@ pub async fn send(
         let (res, buf) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
         out = buf;
         if res.is_err() {
+            conn.log.client_left();
             return false;
         }
         add(&w.metrics().bytes_out, len);
-        conn.log.sent += len;
+        conn.log.wrote(resp.status, len);
         if body.is_empty() {
             break;
         }

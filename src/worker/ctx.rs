@@ -417,7 +417,7 @@ impl Worker {
 
     /// Hands the access log's gathered lines to its writer (the worker is stopping).
     pub fn flush_access_log(&self) {
-        let tally = self.access_log.borrow_mut().flush();
+        let tally = self.access_log.borrow_mut().flush_last();
         self.count_log(tally);
     }
 
@@ -476,6 +476,14 @@ impl Worker {
                     if let Some(eps) = published.endpoints.get(i) {
                         up.set_endpoints(eps);
                     }
+                }
+                // The same generation with the access log opened again (SIGUSR1).
+                if !self
+                    .access_log
+                    .borrow()
+                    .writes_to(published.access_log.as_ref())
+                {
+                    self.install_access_log(&published);
                 }
             }
         }
