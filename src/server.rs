@@ -60,7 +60,8 @@ pub struct Server {
     access_log: Option<JoinHandle<()>>,
 }
 
-/// Asks the control thread to reload the config file (SIGHUP, tests).
+/// Asks the control thread to reload the config file (SIGHUP, tests) or to reopen the access
+/// log (SIGUSR1).
 #[derive(Debug, Clone)]
 pub struct ReloadHandle(Sender<Command>);
 
@@ -78,20 +79,20 @@ impl ReloadHandle {
     /// Opens the access log file again and waits until it is published (workers take it on
     /// their next tick), or for why it could not be opened.
     pub fn reopen_logs_and_wait(&self) -> Result<(), String> {
-        let (tx, rx) = mpsc::channel();
-        self.0
-            .send(Command::ReopenLogs { reply: Some(tx) })
-            .map_err(|_| "the control thread is not running".to_string())?;
-        rx.recv()
-            .map_err(|_| "the control thread stopped".to_string())?
+        self.ask(|tx| Command::ReopenLogs { reply: Some(tx) })
     }
 
     /// Reloads and waits for the outcome: the new generation number, or why the running
     /// config was kept.
     pub fn reload_and_wait(&self) -> Result<u64, String> {
+        self.ask(|tx| Command::Reload { reply: Some(tx) })
+    }
+
+    /// Sends the command `make` builds around a reply channel and waits for the reply.
+    fn ask<T>(&self, make: impl FnOnce(Sender<Result<T, String>>) -> Command) -> Result<T, String> {
         let (tx, rx) = mpsc::channel();
         self.0
-            .send(Command::Reload { reply: Some(tx) })
+            .send(make(tx))
             .map_err(|_| "the control thread is not running".to_string())?;
         rx.recv()
             .map_err(|_| "the control thread stopped".to_string())?
