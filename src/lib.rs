@@ -7,7 +7,8 @@
 //!
 //! Thread model: one pinned worker thread per core, each with its own monoio runtime (io_uring,
 //! epoll fallback) and all its state in `Rc`/`Cell`; a control thread does everything slow
-//! (DNS, shutdown); the only cross-core state is `shared`.
+//! (DNS, reloads, shutdown) and a writer thread appends the access log (`observe::access_log`);
+//! the only cross-core state is `shared`.
 //!
 //! Modules, in data-flow order:
 
