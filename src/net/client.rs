@@ -180,6 +180,16 @@ impl ClientStream {
         }
     }
 
+    /// The write size that leaves as whole TCP segments: the connection's segment size, for
+    /// cleartext TCP only (TLS writes records of their own size; an HTTP/2 stream's bytes go
+    /// out in frames). One `getsockopt`.
+    pub fn segment_size(&self) -> Option<usize> {
+        match self {
+            ClientStream::Plain(s) => crate::net::sys::segment_size(s.as_raw_fd()),
+            ClientStream::Tls(..) | ClientStream::Virtual(_) => None,
+        }
+    }
+
     /// The socket of a TCP or TLS connection; `None` for an HTTP/2 stream.
     pub fn socket_fd(&self) -> Option<RawFd> {
         match self {

@@ -47,6 +47,26 @@ pub fn reset_on_close(fd: RawFd) {
     }
 }
 
+/// The largest TCP payload `fd` currently puts in one segment (`TCP_MAXSEG`: the path's MSS
+/// less the options each segment carries); `None` when the call fails or reads below TCP's
+/// minimum of 536 bytes (then nothing is worth aligning to it).
+pub fn segment_size(fd: RawFd) -> Option<usize> {
+    let mut mss: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `mss` and `len` are valid, writable and of the sizes passed; `fd` is an open
+    // socket owned by the caller.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&mut mss as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && mss >= 536).then_some(mss as usize)
+}
+
 /// Raises the soft open-files limit to the hard limit, as servers handling many connections
 /// must; returns the new soft limit.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {
@@ -90,5 +110,21 @@ mod tests {
         drop(server2);
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!idle_socket_usable(client2.as_raw_fd()));
+    }
+
+    #[test]
+    fn segment_size_reads_the_connected_mss() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        // Loopback's MTU is 64 KiB on Linux; any TCP path's MSS is at least 536. (Each side
+        // learns the options the other uses as it goes: the two may differ by a few bytes.)
+        for fd in [server.as_raw_fd(), client.as_raw_fd()] {
+            let mss = segment_size(fd).unwrap();
+            assert!((536..=65_535).contains(&mss), "{mss}");
+        }
+        // Not a TCP socket: no segment size.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(segment_size(udp.as_raw_fd()), None);
     }
 }

@@ -25,7 +25,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::gone::{unless_gone, ClientGone};
-use super::io::{race, read_by, write_all_by, write_front_by, write_static_by, Either};
+use super::io::{
+    race, read_by, write_all_by, write_front_by, write_static_by, Either, WholeSegments,
+};
 use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
@@ -50,6 +52,7 @@ use crate::upstream::{
     UpstreamState,
 };
 use crate::worker::{CoreGen, Worker};
+use std::os::fd::RawFd;
 
 /// Interim (1xx) responses skipped before the final one; more is an invalid upstream.
 pub(super) const MAX_INTERIM_RESPONSES: usize = 16;
@@ -1291,6 +1294,7 @@ async fn send_body_and_read_head(
     let ClientConn {
         stream, rbuf, resp, ..
     } = conn;
+    let up_fd = upc.plain_fd();
     let UpConn { read, write, .. } = upc;
     let mut pump = std::pin::pin!(pump_request_body(
         w,
@@ -1298,6 +1302,7 @@ async fn send_body_and_read_head(
         stream,
         rbuf,
         write,
+        up_fd,
         info.framing,
         max_body
     ));
@@ -1355,17 +1360,21 @@ where
     }
 }
 
-/// Sends the rest of the request body from the client to the upstream.
+/// Sends the rest of the request body from the client to the upstream (`up_fd`: its socket,
+/// when cleartext).
+#[allow(clippy::too_many_arguments)]
 async fn pump_request_body(
     w: &Worker,
     cg: &CoreGen,
     client: &mut ClientStream,
     rbuf: &mut Option<Block>,
     up: &mut WriteHalf,
+    up_fd: Option<RawFd>,
     framing: BodyFraming,
     max_body: Option<u64>,
 ) -> Result<(), Error> {
     let http = &cg.gen.http;
+    let mut seg = WholeSegments::default();
     let mut remaining = match framing {
         BodyFraming::Length(n) => n,
         BodyFraming::Chunked => u64::MAX,
@@ -1376,8 +1385,16 @@ async fn pump_request_body(
         let mut buf = rbuf.take().unwrap_or_else(|| w.pool.take());
         if buf.is_empty() {
             w.body_block(&mut buf);
-            if framing != BodyFraming::Chunked {
-                buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
+            let spare = buf.spare();
+            let mut limit = match framing {
+                BodyFraming::Chunked => usize::MAX,
+                _ => remaining.min(usize::MAX as u64) as usize,
+            };
+            if let Some(whole) = seg.limit(spare) {
+                limit = limit.min(whole);
+            }
+            if limit != usize::MAX {
+                buf.limit_next_read(limit);
             }
             let deadline = w.now() + http.body_timeout;
             let (res, b) = pin!(read_by(client, buf, deadline, &w.pool)).await;
@@ -1388,7 +1405,10 @@ async fn pump_request_body(
                     return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream)
                         .with_cause("client closed before the end of the request body"));
                 }
-                Ok(n) => add(&w.metrics().bytes_in, n as u64),
+                Ok(n) => {
+                    add(&w.metrics().bytes_in, n as u64);
+                    seg.after_read(n, spare, || up_fd.and_then(crate::net::sys::segment_size));
+                }
                 Err(e) if e.kind() == stdio::ErrorKind::TimedOut => {
                     *rbuf = Some(buf);
                     return Err(
@@ -1917,6 +1937,7 @@ impl RelayState {
         read_timeout: std::time::Duration,
     ) -> Result<usize, Error> {
         let send_timeout = cg.gen.http.send_timeout;
+        let mut seg = WholeSegments::default();
         loop {
             if !ubuf.is_empty() {
                 // (bytes to write from the front, bytes to drop after them)
@@ -1955,6 +1976,10 @@ impl RelayState {
             // Reads are not capped at the body's end: bytes an upstream sends beyond its
             // Content-Length in the same write show up here as leftovers, and the
             // connection is not reused (they would pass for the next request's response).
+            let spare = ubuf.spare();
+            if let Some(whole) = seg.limit(spare).filter(|_| ubuf.is_empty()) {
+                ubuf.limit_next_read(whole);
+            }
             let deadline = w.now() + read_timeout;
             let (res, b) = pin!(read_by(up, ubuf, deadline, &w.pool)).await;
             ubuf = b;
@@ -1964,7 +1989,7 @@ impl RelayState {
                     return Err(Error::new(ErrorKind::UpstreamClosed, Side::Upstream)
                         .with_cause("upstream closed before the end of the response body"))
                 }
-                Ok(_) => {}
+                Ok(n) => seg.after_read(n, spare, || client.segment_size()),
                 Err(e) if e.kind() == stdio::ErrorKind::TimedOut => {
                     return Err(Error::new(ErrorKind::UpstreamTimeout, Side::Upstream).with_cause(e))
                 }

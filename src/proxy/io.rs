@@ -18,6 +18,7 @@ use monoio::buf::IoBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use crate::buf::{Block, BufPool};
+use crate::worker::ctx::BODY_BLOCK_BYTES;
 use crate::worker::deadline::within;
 
 fn timed_out() -> io::Error {
@@ -112,6 +113,33 @@ pub async fn race<A: Future + ?Sized, B: Future + ?Sized>(
     .await
 }
 
+/// Body reads sized so that their writes leave as whole TCP segments. A 64 KiB block written
+/// as it was read leaves as a full segment and a short one (loopback's MSS is 65,483; a NIC's
+/// GSO cuts the same way, at a multiple of 1,448), so a large body would cost twice the
+/// packets it needs, each with its own delivery and wake-up of the reader. The first read
+/// that fills a large block (a large body is streaming) asks the segment size of the socket
+/// the bytes go to, once; later reads into an empty block are cut to a multiple of it.
+#[derive(Debug, Default)]
+pub struct WholeSegments(Option<Option<usize>>);
+
+impl WholeSegments {
+    /// The limit for a read into an empty block with `spare` free bytes, if any.
+    pub fn limit(&self, spare: usize) -> Option<usize> {
+        match self.0 {
+            Some(Some(mss)) if spare > mss => Some(spare - spare % mss),
+            _ => None,
+        }
+    }
+
+    /// After a read of `n` bytes into `spare` free bytes: the first time one filled a large
+    /// block, learns the segment size (`None`: nothing to align to, not asked again).
+    pub fn after_read(&mut self, n: usize, spare: usize, mss: impl FnOnce() -> Option<usize>) {
+        if self.0.is_none() && n == spare && spare >= BODY_BLOCK_BYTES / 2 {
+            self.0 = Some(mss());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -139,5 +167,34 @@ mod tests {
             assert_eq!(within(deadline, never).await, None);
             assert!(Instant::now() >= deadline);
         });
+    }
+
+    #[test]
+    fn whole_segments_learns_the_size_once_a_large_block_fills() {
+        let mut seg = WholeSegments::default();
+        assert_eq!(seg.limit(65_536), None);
+        // A short read, or a full one into a small block: not asked.
+        seg.after_read(100, 65_536, || panic!("asked for a short read"));
+        seg.after_read(1_024, 1_024, || panic!("asked for a small block"));
+        assert_eq!(seg.limit(65_536), None);
+        let mut asked = 0;
+        seg.after_read(65_536, 65_536, || {
+            asked += 1;
+            Some(65_483)
+        });
+        seg.after_read(65_536, 65_536, || {
+            asked += 1;
+            Some(1)
+        });
+        assert_eq!(asked, 1);
+        assert_eq!(seg.limit(65_536), Some(65_483));
+        assert_eq!(seg.limit(200_000), Some(196_449));
+        // A block no larger than one segment is read whole.
+        assert_eq!(seg.limit(65_483), None);
+        // Nothing to align to (TLS, HTTP/2): asked once, never limits.
+        let mut none = WholeSegments::default();
+        none.after_read(65_536, 65_536, || None);
+        none.after_read(65_536, 65_536, || panic!("asked twice"));
+        assert_eq!(none.limit(65_536), None);
     }
 }

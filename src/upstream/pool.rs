@@ -44,6 +44,15 @@ impl Drop for UpConn {
 }
 
 impl UpConn {
+    /// The socket of a cleartext connection, whose writes are best sized to whole TCP
+    /// segments ([`crate::net::sys::segment_size`]); `None` over TLS, whose records set them.
+    pub fn plain_fd(&self) -> Option<RawFd> {
+        match self.write {
+            WriteHalf::Plain(_) => Some(self.fd),
+            WriteHalf::Tls(_) => None,
+        }
+    }
+
     /// Wraps a freshly connected stream to `addr`, whose Host value is `authority`; the
     /// connection slot it took on `endpoint` is given back when it drops.
     pub fn new(
