@@ -51,6 +51,7 @@ fi
 [ -x target/release/examples/origin ] || cargo build --release --example origin
 
 WORK=$(mktemp -d)
+chmod 755 "$WORK" # nginx's unprivileged worker writes its temporary files under it
 PORT=18091
 ORIGIN_PORT=19091
 pids=()

@@ -39,6 +39,7 @@ fi
 [ -x target/release/examples/origin ] || cargo build --release --example origin
 
 WORK=$(mktemp -d /tmp/ringway-profile.XXXXXX)
+chmod 755 "$WORK" # nginx's unprivileged worker writes its temporary files under it
 PORT=18351
 H2C_PORT=18352
 TLS_PORT=18353

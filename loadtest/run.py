@@ -343,6 +343,9 @@ def main():
     if not args.no_build:
         build()
     WORK = tempfile.mkdtemp(prefix="ringway-loadtest-")
+    # nginx's worker runs as an unprivileged user and buffers large responses to temporary
+    # files under WORK: mkdtemp's 0700 would refuse them, and nginx cut those responses short.
+    os.chmod(WORK, 0o755)
     started = time.time()
     try:
         results = run_all(args, targets, scenarios, rounds, duration)
