@@ -102,36 +102,36 @@ fn ten_mib_upload_and_download_are_intact() {
     assert_eq!(r.text(), format!("{SIZE}:{}", fnv(&upload)));
 }
 
+/// A TCP-level socket option of `stream`, read into a `T` (plain old data).
+fn tcp_option<T>(stream: &std::net::TcpStream, name: libc::c_int) -> T {
+    use std::os::fd::AsRawFd;
+    // SAFETY: only used with libc's plain-old-data types (ints, tcp_info): all zeroes is a
+    // valid value of each.
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid and writable, of the size passed; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            name,
+            (&mut value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "getsockopt({name}): {}",
+        std::io::Error::last_os_error()
+    );
+    value
+}
+
 /// TCP segments with data the client's socket received, and its segment size.
 fn data_segments_in(stream: &std::net::TcpStream) -> (u32, u32) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: tcp_info is plain old data; zeroed is a valid value for it.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid and writable, of the size passed; the fd is open.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    let mut mss: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: as above, for an int.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            (&mut mss as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    assert_eq!(rc, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
+    let info: libc::tcp_info = tcp_option(stream, libc::TCP_INFO);
+    let mss: libc::c_int = tcp_option(stream, libc::TCP_MAXSEG);
     (info.tcpi_data_segs_in, mss as u32)
 }
 
