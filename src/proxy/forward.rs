@@ -19,6 +19,7 @@
 
 use std::io as stdio;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -52,7 +53,6 @@ use crate::upstream::{
     UpstreamState,
 };
 use crate::worker::{CoreGen, Worker};
-use std::os::fd::RawFd;
 
 /// Interim (1xx) responses skipped before the final one; more is an invalid upstream.
 pub(super) const MAX_INTERIM_RESPONSES: usize = 16;
