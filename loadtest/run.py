@@ -270,6 +270,8 @@ def run_one(target, port, scenario, pids):
         cmd = ["wrk", "-t1", f"-c{scenario['conns']}", f"-d{d}s", "--latency", url]
         if scenario.get("close"):
             cmd[1:1] = ["-H", "Connection: close"]
+        if scenario.get("upload"):
+            cmd[1:1] = ["-s", upload_script(scenario["upload"])]
         res = subprocess.run(["taskset", "-c", str(LOADGEN_CPU)] + cmd, capture_output=True, text=True, timeout=d + 60)
         fig = parse_wrk(res.stdout)
     (c1, r1), m1, s1 = sched_stats(pids), machine_busy_s(), tcp_out_segs()
@@ -281,6 +283,16 @@ def run_one(target, port, scenario, pids):
     calls = syscalls_result(sc)
     fig["syscalls"] = calls / n / (max(1, d - 1) / d) if calls is not None else None
     return fig
+
+
+def upload_script(size):
+    """A wrk script that POSTs `size` bytes with each request; its path."""
+    path = os.path.join(WORK, f"upload-{size}.lua")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(f'wrk.method = "POST"\nwrk.body = string.rep("x", {size})\n'
+                    'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+    return path
 
 
 def median(values):
@@ -313,7 +325,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small-body c=64 and 1 MiB only, 3 rounds of 4 s (under 2 minutes)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--duration", type=int, default=None, help="seconds per run")
-    ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew")
+    ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,up1m,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew")
     ap.add_argument("--targets", default="direct,ringway,nginx,haproxy,ringway-epoll",
                     help="comma list of direct, ringway, nginx, haproxy, ringway-epoll, "
                          "ringway-off / ringway-on (resilience features off / on, for their "
@@ -334,7 +346,7 @@ def main():
         scenarios = (args.scenarios or "small64,big").split(",")
     else:
         rounds, duration = args.rounds or 3, args.duration or 5
-        scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew").split(",")
+        scenarios = (args.scenarios or "small16,small64,small256,paced,close,big,up1m,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew").split(",")
     targets = args.targets.split(",")
     if args.baseline and "baseline" not in targets:
         targets.append("baseline")
@@ -435,6 +447,7 @@ def run_all(args, targets, scenarios, rounds, duration):
         "small256": {"path": "/", "conns": 256},
         "close": {"path": "/", "conns": 64, "close": True},
         "big": {"path": "/1m", "conns": 16},
+        "up1m": {"path": "/upload", "conns": 16, "upload": 1 << 20},
     }
     results = {}
     for sc_name in scenarios:
@@ -519,13 +532,16 @@ def report(results, targets, rounds, duration, elapsed):
             lines.append("")
             continue
         sc = per["_scenario"]
-        title = f"{sc_name}: GET {sc['path']}, {sc['conns']} connections"
+        if sc.get("upload"):
+            title = f"{sc_name}: POST {sc['path']} ({sc['upload'] >> 20} MiB body), {sc['conns']} connections"
+        else:
+            title = f"{sc_name}: GET {sc['path']}, {sc['conns']} connections"
         if sc.get("rate"):
             title += f", paced at {sc['rate']} req/s (oha, latency-corrected)"
         if sc.get("close"):
             title += ", Connection: close (new connection per request)"
         lines.append(title)
-        big = sc["path"] == "/1m"
+        big = sc["path"] == "/1m" or bool(sc.get("upload"))
         hdr = f"  {'target':14} {'req/s':>10} {'p50':>9} {'p99':>9} {'cpu us/req':>11} {'syscalls/req':>13} {'runs/req':>9} {'segs/req':>9} {'errors':>7}"
         if big:
             hdr += f" {'machine us/MiB':>15} {'added over direct':>18}"
