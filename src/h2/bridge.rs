@@ -87,6 +87,13 @@ impl Pipe {
             return Poll::Pending;
         }
         let n = room.min(data.len());
+        let need = self.data.len() + n;
+        if need > self.data.capacity() && need > PIPE_BYTES / 4 {
+            // A large body: room for all the pipe may hold, at once. Grown write by write to
+            // fit, its buffer would be reallocated (and copied) several times per block.
+            // (Small bodies keep small buffers.)
+            self.data.reserve(PIPE_BYTES - self.data.len());
+        }
         self.data.extend_from_slice(&data[..n]);
         self.wake_reader();
         Poll::Ready(Some(n))
@@ -525,6 +532,31 @@ mod tests {
             head: http::Response::new(()),
             body,
         }
+    }
+
+    #[test]
+    fn a_large_body_gets_the_whole_pipe_at_once_and_a_small_one_stays_small() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut pipe = Pipe::default();
+        assert_eq!(pipe.push(b"hello world\n", &mut cx), Poll::Ready(Some(12)));
+        assert!(
+            pipe.data.capacity() < PIPE_BYTES / 4,
+            "a small body keeps a small buffer"
+        );
+        pipe.consume(12);
+        // A relayed large body comes in pieces: once it outgrows a small buffer, the pipe's
+        // buffer is sized for all it holds, and the pieces after that are not moved again.
+        let piece = vec![7u8; 16 * 1024];
+        for _ in 0..2 {
+            assert_eq!(pipe.push(&piece, &mut cx), Poll::Ready(Some(piece.len())));
+        }
+        assert!(pipe.data.capacity() >= PIPE_BYTES);
+        let at = pipe.data.as_ptr();
+        while pipe.data.len() < PIPE_BYTES {
+            assert!(matches!(pipe.push(&piece, &mut cx), Poll::Ready(Some(_))));
+        }
+        assert_eq!(pipe.data.as_ptr(), at, "no reallocation");
+        assert!(pipe.push(&piece, &mut cx).is_pending(), "full");
     }
 
     #[test]

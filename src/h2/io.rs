@@ -93,6 +93,16 @@ impl Prefixed {
         result
     }
 
+    /// Room in `held` for `len` more bytes. Beyond what an idle connection keeps, for all it
+    /// may hold at once: doubled write by write, a large body's buffer would be reallocated
+    /// (and copied) twice per batch.
+    fn reserve(&mut self, len: usize) {
+        let need = self.held.len() + len;
+        if need > self.held.capacity() && need > HOLD_KEEP {
+            self.held.reserve(HOLD_MAX - self.held.len());
+        }
+    }
+
     /// Makes room to hold `len` more bytes, sending what is held first when they would not
     /// fit; `Ready(false)`: too large to hold, write them directly.
     fn hold(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<bool>> {
@@ -136,6 +146,7 @@ impl AsyncWrite for Prefixed {
         let this = &mut *self;
         match this.hold(cx, buf.len()) {
             Poll::Ready(Ok(true)) => {
+                this.reserve(buf.len());
                 this.held.extend_from_slice(buf);
                 Poll::Ready(Ok(buf.len()))
             }
@@ -154,6 +165,7 @@ impl AsyncWrite for Prefixed {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         match this.hold(cx, len) {
             Poll::Ready(Ok(true)) => {
+                this.reserve(len);
                 for b in bufs {
                     this.held.extend_from_slice(b);
                 }
@@ -396,6 +408,50 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    #[test]
+    fn a_large_batch_is_held_in_one_buffer_and_small_writes_in_a_small_one() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.block_on(async move {
+            let tcp = monoio::net::TcpStream::connect(addr).await.unwrap();
+            let _peer = listener.accept().unwrap();
+            let mut io = Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap());
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let mut io = Pin::new(&mut io);
+            assert!(matches!(
+                io.as_mut().poll_write(&mut cx, b"small"),
+                Poll::Ready(Ok(5))
+            ));
+            assert!(io.held.capacity() <= HOLD_KEEP);
+            // DATA frames of 16 KiB, each written as its frame head and its payload, as h2
+            // writes them: the first one past what an idle connection keeps sizes the buffer
+            // for the whole batch, and the next ones are not moved again.
+            let (frame_head, payload) = ([0u8; 9], vec![7u8; 16 * 1024]);
+            let bufs = [io::IoSlice::new(&frame_head), io::IoSlice::new(&payload)];
+            let frame = frame_head.len() + payload.len();
+            for i in 0..2 {
+                assert!(matches!(
+                    io.as_mut().poll_write_vectored(&mut cx, &bufs),
+                    Poll::Ready(Ok(n)) if n == frame
+                ));
+                if i == 0 {
+                    assert!(io.held.capacity() >= HOLD_MAX);
+                }
+            }
+            let at = io.held.as_ptr();
+            assert!(matches!(
+                io.as_mut().poll_write_vectored(&mut cx, &bufs),
+                Poll::Ready(Ok(n)) if n == frame
+            ));
+            assert_eq!(io.held.as_ptr(), at, "no reallocation");
+            assert_eq!(io.held.len(), 5 + 3 * frame);
+        });
     }
 
     #[test]
