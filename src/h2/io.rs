@@ -410,8 +410,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_large_batch_is_held_in_one_buffer_and_small_writes_in_a_small_one() {
+    /// Runs `test` on a runtime of the epoll driver, with a [`Prefixed`] (no prefix) over a
+    /// loopback connection and the other end of it (non-blocking).
+    fn on_a_connection<F: std::future::Future<Output = ()>>(
+        test: impl FnOnce(Prefixed, std::net::TcpStream) -> F,
+    ) {
         let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()
@@ -420,8 +423,19 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         rt.block_on(async move {
             let tcp = monoio::net::TcpStream::connect(addr).await.unwrap();
-            let _peer = listener.accept().unwrap();
-            let mut io = Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap());
+            let (peer, _) = listener.accept().unwrap();
+            peer.set_nonblocking(true).unwrap();
+            test(
+                Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap()),
+                peer,
+            )
+            .await;
+        });
+    }
+
+    #[test]
+    fn a_large_batch_is_held_in_one_buffer_and_small_writes_in_a_small_one() {
+        on_a_connection(|mut io, _peer| async move {
             let mut cx = Context::from_waker(std::task::Waker::noop());
             let mut io = Pin::new(&mut io);
             assert!(matches!(
@@ -456,17 +470,7 @@ mod tests {
 
     #[test]
     fn writes_wait_for_the_second_flush_of_a_batch() {
-        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        rt.block_on(async move {
-            let tcp = monoio::net::TcpStream::connect(addr).await.unwrap();
-            let (mut peer, _) = listener.accept().unwrap();
-            peer.set_nonblocking(true).unwrap();
-            let mut io = Prefixed::new(Vec::new(), tcp.try_into_poll_io().unwrap());
+        on_a_connection(|mut io, mut peer| async move {
             let (count, waker) = WakeCount::waker();
             let mut cx = Context::from_waker(&waker);
             let mut io = Pin::new(&mut io);
