@@ -395,97 +395,109 @@ fn stream_task(
     respond: SendResponse<Bytes>,
     guard: StreamGuard,
 ) -> impl Future<Output = ()> {
-    stream(w, info, req, respond, guard)
+    let (parts, body) = req.into_parts();
+    stream(w, info, parts, body, respond, guard)
 }
 
-async fn stream(
+/// One stream's exchange. An `async` block rather than an `async fn`: an `async fn` moves
+/// each argument from the future's argument slots into slots of its own at its first poll,
+/// and with hundreds of streams in flight each line of a stream's state written is a cache
+/// miss; the block uses what it captured where it lies.
+#[allow(clippy::manual_async_fn)] // the block's captures are the point
+fn stream(
     w: Rc<Worker>,
     info: Rc<ConnInfo>,
-    req: http::Request<RecvStream>,
+    parts: http::request::Parts,
+    mut body: RecvStream,
     mut respond: SendResponse<Bytes>,
-    _guard: StreamGuard,
-) {
-    let (parts, mut body) = req.into_parts();
-    let grpc = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
-    // Extended CONNECT (the HTTP/2 way to tunnel) is not offered. (An `upgrade` field never
-    // gets here: h2 resets a stream carrying one as malformed, RFC 9113 §8.2.2.)
-    if parts.method == http::Method::CONNECT {
-        local_error(
-            &mut respond,
-            &w,
-            (&parts, info.peer.addr),
-            ErrorKind::NotImplemented,
-            "protocol upgrades are not supported over HTTP/2; use HTTP/1.1",
-            grpc,
-        );
-        return;
-    }
-    // `:path` is origin-form, or `*` for OPTIONS (RFC 9113 §8.3.1): an absolute URI there
-    // would route by a host other than `:authority`.
-    let path = parts.uri.path_and_query().map_or("", |p| p.as_str());
-    if !(path.starts_with('/') || path == "*" && parts.method == http::Method::OPTIONS) {
-        local_error(
-            &mut respond,
-            &w,
-            (&parts, info.peer.addr),
-            ErrorKind::BadRequest,
-            "the :path pseudo-header must be an absolute path",
-            grpc,
-        );
-        return;
-    }
-    let head_request = parts.method == http::Method::HEAD;
-    let chunked =
-        !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-    let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
-    // The request head becomes the pipe's first bytes as it is (the proxy side is not running
-    // yet; HTTP/2 bounds header lists).
-    let (head, written) = h1_head(&parts, chunked);
-    end.put_first(head, written);
-    // One task runs the proxy side and both directions of the stream: one allocation per
-    // stream, not two.
-    // Built where it is pinned (a local moved into `pin!` is copied, about 9 KiB).
-    let mut proxy = std::pin::pin!(crate::proxy::serve_virtual(
-        w.clone(),
-        vconn,
-        info.peer,
-        info.strict_sni
-    ));
-    let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
-    let send_timeout = w.current().gen.http.send_timeout;
-    let mut down = std::pin::pin!(relay_response(&end, respond, head_request, send_timeout));
-    let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
-    poll_fn(|cx| {
-        if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
-            proxy_done = true;
+    guard: StreamGuard,
+) -> impl Future<Output = ()> {
+    async move {
+        let _guard = guard;
+        let grpc = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()));
+        // Extended CONNECT (the HTTP/2 way to tunnel) is not offered. (An `upgrade` field never
+        // gets here: h2 resets a stream carrying one as malformed, RFC 9113 §8.2.2.)
+        if parts.method == http::Method::CONNECT {
+            local_error(
+                &mut respond,
+                &w,
+                (&parts, info.peer.addr),
+                ErrorKind::NotImplemented,
+                "protocol upgrades are not supported over HTTP/2; use HTTP/1.1",
+                grpc,
+            );
+            return;
         }
-        if !down_done && down.as_mut().poll(cx).is_ready() {
-            down_done = true;
-            // Nothing more can reach the client: the proxy's writes fail from now on, so
-            // an exchange the client abandoned ends (and resets its upstream stream); and
-            // the request body stops mattering, so the proxy sees its end (it would wait for
-            // bytes no longer pumped).
-            end.close_read();
-            end.close_write();
+        // `:path` is origin-form, or `*` for OPTIONS (RFC 9113 §8.3.1): an absolute URI there
+        // would route by a host other than `:authority`.
+        let path = parts.uri.path_and_query().map_or("", |p| p.as_str());
+        if !(path.starts_with('/') || path == "*" && parts.method == http::Method::OPTIONS) {
+            local_error(
+                &mut respond,
+                &w,
+                (&parts, info.peer.addr),
+                ErrorKind::BadRequest,
+                "the :path pseudo-header must be an absolute path",
+                grpc,
+            );
+            return;
         }
-        // The request body stops mattering once the response is complete.
-        if !up_done && !down_done && up.as_mut().poll(cx).is_ready() {
-            up_done = true;
+        let head_request = parts.method == http::Method::HEAD;
+        let chunked =
+            !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
+        // The request head becomes the pipe's first bytes as it is (the proxy side is not running
+        // yet; HTTP/2 bounds header lists).
+        let (head, written) = h1_head(&parts, chunked);
+        end.put_first(head, written);
+        // One task runs the proxy side and both directions of the stream: one allocation per
+        // stream, not two.
+        // Built where it is pinned (a local moved into `pin!` is copied, about 7 KiB), and
+        // without a wrapper future around it: each layer's first poll copies its arguments into
+        // the state, and with hundreds of streams in flight every line of a stream's state
+        // written is a cache miss.
+        let mut proxy = std::pin::pin!(crate::proxy::serve_client(
+            w.clone(),
+            crate::net::client::ClientStream::Virtual(vconn),
+            info.peer,
+            info.strict_sni
+        ));
+        let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
+        let send_timeout = w.current().gen.http.send_timeout;
+        let mut down = std::pin::pin!(relay_response(&end, respond, head_request, send_timeout));
+        let (mut proxy_done, mut up_done, mut down_done) = (false, false, false);
+        poll_fn(|cx| {
+            if !proxy_done && proxy.as_mut().poll(cx).is_ready() {
+                proxy_done = true;
+            }
+            if !down_done && down.as_mut().poll(cx).is_ready() {
+                down_done = true;
+                // Nothing more can reach the client: the proxy's writes fail from now on, so
+                // an exchange the client abandoned ends (and resets its upstream stream); and
+                // the request body stops mattering, so the proxy sees its end (it would wait for
+                // bytes no longer pumped).
+                end.close_read();
+                end.close_write();
+            }
+            // The request body stops mattering once the response is complete.
+            if !up_done && !down_done && up.as_mut().poll(cx).is_ready() {
+                up_done = true;
+            }
+            if proxy_done && down_done {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        // The exchange's line, with what the client got: the status of the HEADERS sent and the
+        // DATA bytes (HPACK encodes the head; its bytes are not the proxy's to count).
+        if let Some((line, status, sent)) = end.take_line() {
+            w.log_finish(line, status, sent);
         }
-        if proxy_done && down_done {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    // The exchange's line, with what the client got: the status of the HEADERS sent and the
-    // DATA bytes (HPACK encodes the head; its bytes are not the proxy's to count).
-    if let Some((line, status, sent)) = end.take_line() {
-        w.log_finish(line, status, sent);
     }
 }
 

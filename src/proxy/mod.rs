@@ -245,17 +245,6 @@ pub async fn serve_connection(
     serve_client(w, stream, Peer::new(peer), strict_sni).await;
 }
 
-/// Serves one HTTP/2 stream (as a virtual HTTP/1.1 connection, see `h2::bridge`). Not counted
-/// as a connection: its HTTP/2 connection is.
-pub async fn serve_virtual(
-    w: Rc<Worker>,
-    conn: crate::h2::bridge::VirtualConn,
-    peer: Peer,
-    strict_sni: bool,
-) {
-    serve_client(w, ClientStream::Virtual(conn), peer, strict_sni).await;
-}
-
 /// Continues a TLS connection that agreed on HTTP/2 in poll style for the h2 crate.
 async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni: bool) {
     let sni: Option<Rc<str>> = s.sni().map(Rc::from);
@@ -275,8 +264,10 @@ async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni:
     crate::h2::serve(w, io, info).await;
 }
 
-/// The HTTP/1.1 request loop of one client connection (or one HTTP/2 stream).
-async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_sni: bool) {
+/// The HTTP/1.1 request loop of one client connection: a TCP or TLS one, or one HTTP/2
+/// stream as a virtual HTTP/1.1 connection (`ClientStream::Virtual`, see `h2::bridge`; not
+/// counted as a connection: its HTTP/2 connection is).
+pub async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_sni: bool) {
     let peer = client.addr;
     let mut conn = ClientConn {
         strict_sni,
