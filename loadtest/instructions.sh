@@ -2,7 +2,7 @@
 # Instructions per proxied request, counted by callgrind: a deterministic before/after measure
 # for small changes to the hot path, where timed runs on a shared machine are too noisy.
 #
-#   loadtest/instructions.sh [--requests N] [--cache] TARGET [TARGET...]
+#   loadtest/instructions.sh [--requests N] [--cache] [--ll BYTES] [--modes LIST] TARGET...
 #
 # A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
 # each; the essentials of the timed run's configs: upstream keep-alive, no access log). For
@@ -15,6 +15,10 @@
 # in the L1 instruction cache, the L1 data cache (reads + writes) and the last level, and
 # mispredicted conditional + indirect branches. A model (no prefetcher, the host's cache
 # sizes), for comparing targets and builds, not a measurement of the CPU.
+# --ll BYTES sets the model's last level (16-way, 64-byte lines) to BYTES: 1048576 models a
+# 1 MiB L2, the level whose misses grow with the streams in flight (each stream's state is
+# cold by the time it runs again). --modes picks the modes (default "h1 h2c"); h2c64 is h2c
+# at 64 connections x 10 streams.
 #
 # Read it as a ratio between targets measured the same way, not as a cost: valgrind counts each
 # byte of a `rep movsb` copy as one instruction, so large copies weigh more here than on the
@@ -25,16 +29,21 @@ source loadtest/lib.sh
 
 N=20000
 CACHE=
+LL=
+MODES="h1 h2c"
 while [ $# -gt 0 ]; do
     case $1 in
         --requests) N=$2; shift 2 ;;
         --cache) CACHE=1; shift ;;
+        --ll) LL=$2; shift 2 ;;
+        --modes) MODES=$2; shift 2 ;;
         *) break ;;
     esac
 done
-[ $# -ge 1 ] || { sed -n 2,21p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,25p "$0"; exit 2; }
 sim=()
 [ -n "$CACHE" ] && sim=(--cache-sim=yes --branch-sim=yes)
+[ -n "$CACHE" ] && [ -n "$LL" ] && sim+=(--LL="$LL",16,64)
 
 need=()
 command -v valgrind >/dev/null || need+=(valgrind)
@@ -131,6 +140,7 @@ load() { # mode count port
     case $1 in
         h1) h2load -t1 -c16 --h1 -n "$2" "http://127.0.0.1:$3/" ;;
         h2c) h2load -t1 -c16 -m10 -n "$2" "http://127.0.0.1:$3/" ;;
+        h2c64) h2load -t1 -c64 -m10 -n "$2" "http://127.0.0.1:$3/" ;;
     esac
 }
 
@@ -146,12 +156,12 @@ for bin in "$@"; do
         haproxy) cmd=(haproxy -db -f "$WORK/haproxy.cfg") ;;
         *) cmd=("$bin" --config "$WORK/ringway.toml") ;;
     esac
-    for mode in h1 h2c; do
+    for mode in $MODES; do
         rm -f "$WORK"/cg.*
         # ringway serves h2c on its HTTP/1.1 port (told apart by the preface); the others on
         # a port of their own.
         port=$PORT
-        case $bin in nginx | haproxy) [ "$mode" = h2c ] && port=$((PORT + 1)) ;; esac
+        case $bin in nginx | haproxy) [ "$mode" != h1 ] && port=$((PORT + 1)) ;; esac
         MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
             "${sim[@]}" --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
             >/dev/null 2>"$WORK/valgrind.log" &
