@@ -49,28 +49,38 @@ pub async fn write_front_by<S: AsyncWriteRent>(
     pool: &BufPool,
 ) -> (io::Result<()>, Block) {
     let n = n.min(buf.len());
-    let write = pin!(stream.write_all(buf.slice(0..n)));
-    let res = pin!(within(deadline, write)).await;
-    match res {
-        Some((Ok(_), slice)) => {
-            let mut buf = slice.into_inner();
-            buf.consume(n);
-            (Ok(()), buf)
+    let mut buf = buf;
+    let mut written = 0;
+    // (monoio's `write_all`, written out: as a future of its own it would be one more layer
+    // in every timed write, whose first poll copies its arguments.)
+    while written < n {
+        let write = pin!(stream.write(buf.slice(written..n)));
+        let Some((res, slice)) = pin!(within(deadline, write)).await else {
+            return (Err(timed_out()), pool.take());
+        };
+        buf = slice.into_inner();
+        match res {
+            Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+            Ok(k) => written += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (Err(e), buf),
         }
-        Some((Err(e), slice)) => (Err(e), slice.into_inner()),
-        None => (Err(timed_out()), pool.take()),
     }
+    buf.consume(n);
+    (Ok(()), buf)
 }
 
 /// Writes every unconsumed byte of `buf` before `deadline`; `buf` comes back empty on success.
-pub async fn write_all_by<S: AsyncWriteRent>(
-    stream: &mut S,
+/// ([`write_front_by`]'s future itself: a layer of its own around it would copy the
+/// arguments once more.)
+pub fn write_all_by<'a, S: AsyncWriteRent>(
+    stream: &'a mut S,
     buf: Block,
     deadline: Instant,
-    pool: &BufPool,
-) -> (io::Result<()>, Block) {
+    pool: &'a BufPool,
+) -> impl Future<Output = (io::Result<()>, Block)> + 'a {
     let n = buf.len();
-    pin!(write_front_by(stream, buf, n, deadline, pool)).await
+    write_front_by(stream, buf, n, deadline, pool)
 }
 
 /// Writes a static byte string before `deadline`.

@@ -359,9 +359,16 @@ impl Drop for Deadline {
 /// instant as is). The deadline is registered only once `fut` has to wait: many operations
 /// are done at their first poll (data already there on the epoll driver, a write into an
 /// HTTP/2 stream's pipe with room).
-pub async fn within<F: Future>(deadline: Instant, mut fut: Pin<&mut F>) -> Option<F::Output> {
+///
+/// A plain function returning the poll loop, not an `async fn` around it: the `async fn`'s
+/// own state would be one more layer in every timed read and write, whose first poll copies
+/// the arguments into it (with many requests in flight, a cache miss per line written).
+pub fn within<'a, F: Future>(
+    deadline: Instant,
+    mut fut: Pin<&'a mut F>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
     let mut timer = None::<Deadline>;
-    poll_fn(|cx| {
+    poll_fn(move |cx| {
         if let Poll::Ready(out) = fut.as_mut().poll(cx) {
             return Poll::Ready(Some(out));
         }
@@ -381,7 +388,6 @@ pub async fn within<F: Future>(deadline: Instant, mut fut: Pin<&mut F>) -> Optio
             Poll::Pending
         }
     })
-    .await
 }
 
 /// The deadline of [`timeout_at`] passed first.
