@@ -384,34 +384,22 @@ fn end_field(out: &mut BytesMut, written: &mut WrittenRequest, (name, at): (Span
     });
 }
 
-/// [`stream`]'s future, built by a call of its own: the caller's `spawn_large` then has it
-/// written straight into the task's heap block (inlined, it is built on the stack and copied
-/// there whole, about 10 KiB per stream).
+/// One stream's exchange, as a future built by a call of its own: the caller's
+/// `spawn_large` then has it written straight into the task's heap block (inlined, it is
+/// built on the stack and copied there whole, about 10 KiB per stream). An `async` block
+/// rather than an `async fn`: an `async fn` moves each argument from the future's argument
+/// slots into slots of its own at its first poll, and with hundreds of streams in flight each
+/// line of a stream's state written is a cache miss; the block uses what it captured where
+/// it lies (the request is split before it, for the same reason).
 #[inline(never)]
 fn stream_task(
     w: Rc<Worker>,
     info: Rc<ConnInfo>,
     req: http::Request<RecvStream>,
-    respond: SendResponse<Bytes>,
-    guard: StreamGuard,
-) -> impl Future<Output = ()> {
-    let (parts, body) = req.into_parts();
-    stream(w, info, parts, body, respond, guard)
-}
-
-/// One stream's exchange. An `async` block rather than an `async fn`: an `async fn` moves
-/// each argument from the future's argument slots into slots of its own at its first poll,
-/// and with hundreds of streams in flight each line of a stream's state written is a cache
-/// miss; the block uses what it captured where it lies.
-#[allow(clippy::manual_async_fn)] // the block's captures are the point
-fn stream(
-    w: Rc<Worker>,
-    info: Rc<ConnInfo>,
-    parts: http::request::Parts,
-    mut body: RecvStream,
     mut respond: SendResponse<Bytes>,
     guard: StreamGuard,
 ) -> impl Future<Output = ()> {
+    let (parts, mut body) = req.into_parts();
     async move {
         let _guard = guard;
         let grpc = parts

@@ -43,13 +43,12 @@ pub async fn read_by<S: AsyncReadRent>(
 /// Writes the first `n` unconsumed bytes of `buf` before `deadline`, then consumes them.
 pub async fn write_front_by<S: AsyncWriteRent>(
     stream: &mut S,
-    buf: Block,
+    mut buf: Block,
     n: usize,
     deadline: Instant,
     pool: &BufPool,
 ) -> (io::Result<()>, Block) {
     let n = n.min(buf.len());
-    let mut buf = buf;
     let mut written = 0;
     // (monoio's `write_all`, written out: as a future of its own it would be one more layer
     // in every timed write, whose first poll copies its arguments.)
