@@ -791,11 +791,11 @@ pub(super) async fn proxy(
         // The request's permits end here; the tunnel holds the two connections, and counts
         // as in flight on the endpoint.
         add(&w.metrics().tunnels_opened, 1);
-        conn.tunnel = Some(Tunnel {
+        conn.tunnel = Some(Box::new(Tunnel {
             upstream: upc,
             pending,
             in_flight: inflight,
-        });
+        }));
         return false;
     }
     drop(inflight);

@@ -76,8 +76,9 @@ pub struct ClientConn {
     offered: Offered,
     /// A response was cut short: the connection is reset on close, never lingered.
     aborted: bool,
-    /// A 101 went to the client: the connection continues as this tunnel.
-    tunnel: Option<tunnel::Tunnel>,
+    /// A 101 went to the client: the connection continues as this tunnel. (Boxed: 160 bytes
+    /// written at the start of every HTTP/2 stream's exchange, for the rare upgrade.)
+    tunnel: Option<Box<tunnel::Tunnel>>,
     /// TLS with `strict_sni`: a request for another host than the SNI name gets 421.
     strict_sni: bool,
     /// What the access log says of the exchange in progress.
@@ -267,7 +268,17 @@ async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni:
 /// The HTTP/1.1 request loop of one client connection: a TCP or TLS one, or one HTTP/2
 /// stream as a virtual HTTP/1.1 connection (`ClientStream::Virtual`, see `h2::bridge`; not
 /// counted as a connection: its HTTP/2 connection is).
-pub async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, strict_sni: bool) {
+///
+/// The connection's state is put together before the future and captured by it, and the
+/// loop is an `async` block: an `async fn` would hold the arguments in slots of their own,
+/// move them into its locals at the first poll and then into the state (with hundreds of
+/// HTTP/2 streams in flight, each line of a stream's state written is a cache miss).
+pub fn serve_client(
+    w: Rc<Worker>,
+    stream: ClientStream,
+    client: Peer,
+    strict_sni: bool,
+) -> impl std::future::Future<Output = ()> {
     let peer = client.addr;
     let mut conn = ClientConn {
         strict_sni,
@@ -285,92 +296,95 @@ pub async fn serve_client(w: Rc<Worker>, stream: ClientStream, client: Peer, str
         tunnel: None,
         log: ExchangeLog::default(),
     };
-    let mut first = true;
-    loop {
-        match read_head(&w, &mut conn, first).await {
-            HeadRead::Ready => {}
-            HeadRead::Closed => break,
-            HeadRead::H2c => {
-                let ClientConn { stream, rbuf, .. } = conn;
-                let (ClientStream::Plain(tcp), Some(rbuf)) = (stream, rbuf) else {
+    async move {
+        let mut first = true;
+        loop {
+            match read_head(&w, &mut conn, first).await {
+                HeadRead::Ready => {}
+                HeadRead::Closed => break,
+                HeadRead::H2c => {
+                    let ClientConn { stream, rbuf, .. } = conn;
+                    let (ClientStream::Plain(tcp), Some(rbuf)) = (stream, rbuf) else {
+                        return;
+                    };
+                    let Ok(poll) = tcp.try_into_poll_io() else {
+                        return;
+                    };
+                    let io = crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll);
+                    let info = crate::h2::ConnInfo {
+                        peer: client,
+                        sni: None,
+                        tls: false,
+                        strict_sni: false,
+                    };
+                    Box::pin(crate::h2::serve(w, io, info)).await;
                     return;
-                };
-                let Ok(poll) = tcp.try_into_poll_io() else {
-                    return;
-                };
-                let io = crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll);
-                let info = crate::h2::ConnInfo {
-                    peer: client,
-                    sni: None,
-                    tls: false,
-                    strict_sni: false,
-                };
-                Box::pin(crate::h2::serve(w, io, info)).await;
+                }
+                HeadRead::Rejected(kind) => {
+                    let rid = w.ids.next();
+                    tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
+                    let cg = w.current();
+                    let line = w
+                        .logs_requests()
+                        .then(|| begin_line(&w, &conn, &rid, false));
+                    conn.log = ExchangeLog::default();
+                    respond::error(&w, &cg, &mut conn, kind, None, &rid, true).await;
+                    if let Some(mut line) = line {
+                        line.outcome(&outcome(&cg, &conn.log));
+                        finish_line(&w, &conn, line);
+                    }
+                    conn.linger = true;
+                    break;
+                }
+            }
+            first = false;
+            let client_keep_alive = conn.head.keep_alive;
+            let cg = w.current();
+            let mut line = None;
+            conn.log = ExchangeLog::default();
+            let keep = dispatch(&w, &cg, &mut conn, &mut line).await;
+            if let Some(line) = line.as_mut() {
+                line.outcome(&outcome(&cg, &conn.log));
+            }
+            drop(cg);
+            if let Some(t) = conn.tunnel.take() {
+                let idle = w.gen().http.tunnel_idle_timeout;
+                let ClientConn {
+                    stream, rbuf, log, ..
+                } = conn;
+                let pending = rbuf.filter(|b| !b.is_empty());
+                let sent = Box::pin(tunnel::run(&w, stream, pending, *t, idle)).await;
+                // A tunnel's line is written when it closes, with the bytes it carried.
+                if let Some(line) = line {
+                    w.log_finish(line, log.status, log.sent + sent);
+                }
                 return;
             }
-            HeadRead::Rejected(kind) => {
-                let rid = w.ids.next();
-                tracing::debug!(peer = %peer, kind = kind.code(), "request rejected");
-                let cg = w.current();
-                let line = w
-                    .logs_requests()
-                    .then(|| begin_line(&w, &conn, &rid, false));
-                conn.log = ExchangeLog::default();
-                respond::error(&w, &cg, &mut conn, kind, None, &rid, true).await;
-                if let Some(mut line) = line {
-                    line.outcome(&outcome(&cg, &conn.log));
-                    finish_line(&w, &conn, line);
-                }
-                conn.linger = true;
+            if let Some(line) = line {
+                finish_line(&w, &conn, line);
+            }
+            if matches!(conn.stream, ClientStream::Virtual(_)) {
+                break; // an HTTP/2 stream carries one exchange
+            }
+            if !keep || w.draining() {
+                // A client that did not ask to close may have pipelined more: read it away before
+                // closing, or the kernel answers it with a reset that can destroy our response.
+                conn.linger |=
+                    client_keep_alive || conn.rbuf.as_ref().is_some_and(|b| !b.is_empty());
                 break;
             }
         }
-        first = false;
-        let client_keep_alive = conn.head.keep_alive;
-        let cg = w.current();
-        let mut line = None;
-        conn.log = ExchangeLog::default();
-        let keep = dispatch(&w, &cg, &mut conn, &mut line).await;
-        if let Some(line) = line.as_mut() {
-            line.outcome(&outcome(&cg, &conn.log));
-        }
-        drop(cg);
-        if let Some(t) = conn.tunnel.take() {
-            let idle = w.gen().http.tunnel_idle_timeout;
-            let ClientConn {
-                stream, rbuf, log, ..
-            } = conn;
-            let pending = rbuf.filter(|b| !b.is_empty());
-            let sent = Box::pin(tunnel::run(&w, stream, pending, t, idle)).await;
-            // A tunnel's line is written when it closes, with the bytes it carried.
-            if let Some(line) = line {
-                w.log_finish(line, log.status, log.sent + sent);
-            }
+        if conn.aborted {
             return;
         }
-        if let Some(line) = line {
-            finish_line(&w, &conn, line);
+        if conn.linger {
+            linger_close(&w, conn).await;
+        } else if conn.stream.is_tls() {
+            // A TLS connection ends with close_notify: a response delimited by the close (an
+            // HTTP/1.0 client's) is then told apart from one cut short. Bounded, as in
+            // `linger_close`.
+            let _ = deadline::timeout(LINGER_TIME, conn.stream.shutdown()).await;
         }
-        if matches!(conn.stream, ClientStream::Virtual(_)) {
-            break; // an HTTP/2 stream carries one exchange
-        }
-        if !keep || w.draining() {
-            // A client that did not ask to close may have pipelined more: read it away before
-            // closing, or the kernel answers it with a reset that can destroy our response.
-            conn.linger |= client_keep_alive || conn.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-            break;
-        }
-    }
-    if conn.aborted {
-        return;
-    }
-    if conn.linger {
-        linger_close(&w, conn).await;
-    } else if conn.stream.is_tls() {
-        // A TLS connection ends with close_notify: a response delimited by the close (an
-        // HTTP/1.0 client's) is then told apart from one cut short. Bounded, as in
-        // `linger_close`.
-        let _ = deadline::timeout(LINGER_TIME, conn.stream.shutdown()).await;
     }
 }
 
