@@ -2,15 +2,19 @@
 # Where a proxy's CPU time goes under load, sampled: kernel against user space, CPU time per
 # request split the same way, and the hottest functions.
 #
-#   loadtest/profile.sh [--seconds S] TARGET MODE [BINARY]
+#   loadtest/profile.sh [--seconds S] [--connections N] [--graph] TARGET MODE [BINARY]
 #
-# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, 64 keep-alive connections), h2c
+# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, N keep-alive connections, default
+# 64; run.sh's small16, small64 and small256 are N = 16, 64, 256), h2c
 # (GET /, 16 connections x 10 streams) or paced (GET /, 64 keep-alive connections held at
 # RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the
 # ringway to run (default target/release/ringway). The pinning is run.sh's: load generator
 # and origin on CPU 0, the proxy alone on CPU 1, one worker. The proxy's process is sampled
 # with `perf record -e cpu-clock` (the software clock: it works on virtual machines without
 # hardware counters) for S seconds (default 5) in the middle of a load of S + 4 seconds.
+#
+# --graph records call chains too and adds the functions by time spent in them and in what
+# they called (how the kernel's share divides: sends, receives, the ring's own work).
 #
 # Read it beside another target's or build's profile taken minutes apart, as ratios: perf's
 # own overhead inflates the absolute figures, and this machine's speed drifts over the day.
@@ -19,11 +23,17 @@ cd "$(dirname "$0")/.."
 source loadtest/lib.sh
 
 SECONDS_SAMPLED=5
-if [ "${1:-}" = "--seconds" ]; then
-    SECONDS_SAMPLED=$2
-    shift 2
-fi
-[ $# -ge 2 ] || { sed -n 2,16p "$0"; exit 2; }
+CONNS=64
+GRAPH=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seconds) SECONDS_SAMPLED=$2; shift 2 ;;
+        --connections) CONNS=$2; shift 2 ;;
+        --graph) GRAPH=-g; shift ;;
+        *) break ;;
+    esac
+done
+[ $# -ge 2 ] || { sed -n 2,20p "$0"; exit 2; }
 TARGET=$1
 MODE=$2
 BIN=${3:-target/release/ringway}
@@ -97,7 +107,7 @@ esac
 
 load_seconds=$((SECONDS_SAMPLED + 4))
 case $MODE in
-h1) load=(h2load -t1 -c64 --h1 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
+h1) load=(h2load -t1 -c"$CONNS" --h1 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
 h2c) load=(h2load -t1 -c16 -m10 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
 paced)
     oha=$(command -v oha || echo "$HOME/.cargo/bin/oha")
@@ -109,7 +119,7 @@ esac
 taskset -c 0 "${load[@]}" >"$WORK/load.txt" 2>&1 &
 load_pid=$!
 sleep 2
-perf record -q -e cpu-clock -o "$WORK/perf.data" -p "$proxy_pids" -- sleep "$SECONDS_SAMPLED" \
+perf record -q ${GRAPH} -e cpu-clock -o "$WORK/perf.data" -p "$proxy_pids" -- sleep "$SECONDS_SAMPLED" \
     >/dev/null 2>&1
 wait "$load_pid"
 
@@ -138,3 +148,8 @@ awk -v ns="$ns" -v rps="$rps" -v s="$SECONDS_SAMPLED" -v k="${kernel:-0}" 'BEGIN
 }'
 echo "hottest functions (self time):"
 report --sort dso,sym | head -25
+if [ -n "$GRAPH" ]; then
+    echo "functions by time in them and in what they called:"
+    perf report -i "$WORK/perf.data" --children -g none --stdio --sort dso,sym 2>/dev/null \
+        | grep -v '^#' | grep -v '^$' | head -50
+fi
