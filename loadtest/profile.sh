@@ -6,7 +6,7 @@
 #
 # TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, N keep-alive connections, default
 # 64; run.sh's small16, small64 and small256 are N = 16, 64, 256), h2c
-# (GET /, 16 connections x 10 streams) or paced (GET /, 64 keep-alive connections held at
+# (GET /, N connections x 10 streams, default 16: h2c16x10; 64 is h2c64x10) or paced (GET /, 64 keep-alive connections held at
 # RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the
 # ringway to run (default target/release/ringway). The pinning is run.sh's: load generator
 # and origin on CPU 0, the proxy alone on CPU 1, one worker. The proxy's process is sampled
@@ -28,7 +28,7 @@ GRAPH=
 while [ $# -gt 0 ]; do
     case $1 in
         --seconds) SECONDS_SAMPLED=$2; shift 2 ;;
-        --connections) CONNS=$2; shift 2 ;;
+        --connections) CONNS=$2; CONNS_SET=$2; shift 2 ;;
         --graph) GRAPH=-g; shift ;;
         *) break ;;
     esac
@@ -108,7 +108,7 @@ esac
 load_seconds=$((SECONDS_SAMPLED + 4))
 case $MODE in
 h1) load=(h2load -t1 -c"$CONNS" --h1 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
-h2c) load=(h2load -t1 -c16 -m10 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
+h2c) load=(h2load -t1 -c"${CONNS_SET:-16}" -m10 -D "$load_seconds" "http://127.0.0.1:$url_port/") ;;
 paced)
     oha=$(command -v oha || echo "$HOME/.cargo/bin/oha")
     load=("$oha" -q "${RATE:-3300}" -c 64 -z "${load_seconds}s" --no-tui --http-version=1.1
