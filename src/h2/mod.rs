@@ -557,7 +557,7 @@ async fn relay_response(
             Ok(Some(len)) => {
                 // A response the proxy wrote as bytes (its own answers: errors, redirects).
                 watch.pause();
-                let Some(resp) = h2_response(&rh, &buf[..len], None) else {
+                let Some(resp) = h2_response(&rh, &buf[..len], None, None) else {
                     respond.send_reset(h2::Reason::INTERNAL_ERROR);
                     return;
                 };
@@ -778,6 +778,8 @@ impl ResetWatch {
 /// head ([`crate::http1::write_response_head`]'s: its own framing, date and request id);
 /// without, it is the proxy's own response as written.
 ///
+/// `date`: the worker's Date value, added to an upstream's head without one.
+///
 /// Connection-specific fields are left out, and the request id is never indexed by HPACK
 /// (unique per response, it would only churn the connection's header table). Each value is
 /// a copy of its own: HPACK's table keeps the values it indexes, and a value sharing a larger
@@ -786,6 +788,7 @@ pub fn h2_response(
     rh: &ResponseHead,
     head: &[u8],
     edits: Option<&ResponseEdits<'_>>,
+    date: Option<http::HeaderValue>,
 ) -> Option<http::Response<()>> {
     use crate::http1::HeaderKind;
     use http::header::{CONTENT_LENGTH, DATE};
@@ -815,8 +818,10 @@ pub fn h2_response(
         map.append(name, value);
     }
     if let Some(edits) = edits {
-        if !dated && !edits.date.is_empty() {
-            map.append(DATE, http::HeaderValue::from_bytes(edits.date).ok()?);
+        if !dated {
+            if let Some(date) = date {
+                map.append(DATE, date);
+            }
         }
         if let BodyFraming::Length(n) = edits.framing {
             // (`From<u64>` would allocate twice.)
@@ -965,7 +970,7 @@ mod tests {
         let len = parse_response(raw, MAX_HEADERS_HARD_LIMIT, Method::Get, &mut rh)
             .unwrap()
             .unwrap();
-        h2_response(&rh, &raw[..len], None).expect("convertible")
+        h2_response(&rh, &raw[..len], None, None).expect("convertible")
     }
 
     /// The head `h1_head` writes for `parts`, read both ways: parsed as bytes, and from the

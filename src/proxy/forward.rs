@@ -1743,7 +1743,9 @@ async fn relay_response(
     // An HTTP/2 stream takes the head typed (it would only parse the bytes back); it is
     // handed over with the first body bytes, below.
     let typed = match &conn.stream {
-        ClientStream::Virtual(_) => crate::h2::h2_response(resp, ubuf.data(), Some(&edits)),
+        ClientStream::Virtual(_) => {
+            crate::h2::h2_response(resp, ubuf.data(), Some(&edits), Some(w.date_value()))
+        }
         _ => None,
     };
     if typed.is_none() && write_response_head(ubuf.data(), resp, &edits, &mut out).is_err() {

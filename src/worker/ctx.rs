@@ -203,7 +203,9 @@ pub struct Worker {
     /// `clock` in milliseconds since the server's epoch, worked out once per tick.
     clock_ms: Cell<u64>,
     ticks: Cell<u64>,
-    date: RefCell<(u64, [u8; DATE_LEN])>,
+    /// The second it was written, its text, and the same as an HTTP/2 field value (shared by
+    /// every HTTP/2 response of the second: a reference count, not a copy and an allocation).
+    date: RefCell<(u64, [u8; DATE_LEN], http::HeaderValue)>,
     access_log: RefCell<AccessLog>,
     /// `access_log.is_on()`, read once per request.
     logs_requests: Cell<bool>,
@@ -233,7 +235,7 @@ impl Worker {
             clock: Cell::new(Instant::now()),
             clock_ms: Cell::new(0),
             ticks: Cell::new(0),
-            date: RefCell::new((0, [0; DATE_LEN])),
+            date: RefCell::new((0, [0; DATE_LEN], http::HeaderValue::from_static(""))),
             access_log: RefCell::new(AccessLog::new(shared.access_log.clone())),
             logs_requests: Cell::new(false),
             shared,
@@ -380,6 +382,11 @@ impl Worker {
         self.date.borrow().1
     }
 
+    /// The current Date header value, as an HTTP/2 field value.
+    pub fn date_value(&self) -> http::HeaderValue {
+        self.date.borrow().2.clone()
+    }
+
     fn refresh_date(&self) {
         let now = SystemTime::now();
         let secs = now
@@ -390,7 +397,9 @@ impl Worker {
             let mut text = [0u8; DATE_LEN];
             let mut cursor = &mut text[..];
             let _ = write!(cursor, "{}", httpdate::HttpDate::from(now));
-            *date = (secs, text);
+            // (An IMF-fixdate is visible ASCII: the value is always valid.)
+            let value = http::HeaderValue::from_bytes(&text).unwrap_or_else(|_| date.2.clone());
+            *date = (secs, text, value);
         }
     }
 
