@@ -4,14 +4,14 @@
 #
 #   loadtest/profile.sh [--seconds S] [--connections N] [--graph] TARGET MODE [BINARY]
 #
-# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, N keep-alive connections, default
-# 64; run.sh's small16, small64 and small256 are N = 16, 64, 256), h2c
-# (GET /, N connections x 10 streams, default 16: h2c16x10; 64 is h2c64x10) or paced (GET /, 64 keep-alive connections held at
-# RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY is the
-# ringway to run (default target/release/ringway). The pinning is run.sh's: load generator
-# and origin on CPU 0, the proxy alone on CPU 1, one worker. The proxy's process is sampled
-# with `perf record -e cpu-clock` (the software clock: it works on virtual machines without
-# hardware counters) for S seconds (default 5) in the middle of a load of S + 4 seconds.
+# TARGET is ringway, nginx or haproxy; MODE is h1 (GET /, N keep-alive connections, default 64;
+# run.sh's small16, small64 and small256 are N = 16, 64, 256), h2c (GET /, N connections x 10
+# streams, default 16: run.sh's h2c16x10; 64 is its h2c64x10) or paced (GET /, 64 keep-alive
+# connections held at RATE requests/s by oha, default 3300: run.sh's unsaturated scenario); BINARY
+# is the ringway to run (default target/release/ringway). The pinning is run.sh's: load generator
+# and origin on CPU 0, the proxy alone on CPU 1, one worker. The proxy's process is sampled with
+# `perf record -e cpu-clock` (the software clock: it works on virtual machines without hardware
+# counters) for S seconds (default 5) in the middle of a load of S + 4 seconds.
 #
 # --graph records call chains too and adds the functions by time spent in them and in what
 # they called (how the kernel's share divides: sends, receives, the ring's own work).
