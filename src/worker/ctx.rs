@@ -205,7 +205,9 @@ pub struct Worker {
     ticks: Cell<u64>,
     /// The second it was written, its text, and the same as an HTTP/2 field value (shared by
     /// every HTTP/2 response of the second: a reference count, not a copy and an allocation).
-    date: RefCell<(u64, [u8; DATE_LEN], http::HeaderValue)>,
+    /// The field value is made on first use in the second, so that a worker serving only
+    /// HTTP/1.1 allocates nothing for it.
+    date: RefCell<(u64, [u8; DATE_LEN], Option<http::HeaderValue>)>,
     access_log: RefCell<AccessLog>,
     /// `access_log.is_on()`, read once per request.
     logs_requests: Cell<bool>,
@@ -235,7 +237,7 @@ impl Worker {
             clock: Cell::new(Instant::now()),
             clock_ms: Cell::new(0),
             ticks: Cell::new(0),
-            date: RefCell::new((0, [0; DATE_LEN], http::HeaderValue::from_static(""))),
+            date: RefCell::new((0, [0; DATE_LEN], None)),
             access_log: RefCell::new(AccessLog::new(shared.access_log.clone())),
             logs_requests: Cell::new(false),
             shared,
@@ -384,7 +386,15 @@ impl Worker {
 
     /// The current Date header value, as an HTTP/2 field value.
     pub fn date_value(&self) -> http::HeaderValue {
-        self.date.borrow().2.clone()
+        let mut date = self.date.borrow_mut();
+        let (_, text, value) = &mut *date;
+        value
+            .get_or_insert_with(|| {
+                // (An IMF-fixdate is visible ASCII: the value is always valid.)
+                http::HeaderValue::from_bytes(&text[..])
+                    .unwrap_or_else(|_| http::HeaderValue::from_static(""))
+            })
+            .clone()
     }
 
     fn refresh_date(&self) {
@@ -397,9 +407,7 @@ impl Worker {
             let mut text = [0u8; DATE_LEN];
             let mut cursor = &mut text[..];
             let _ = write!(cursor, "{}", httpdate::HttpDate::from(now));
-            // (An IMF-fixdate is visible ASCII: the value is always valid.)
-            let value = http::HeaderValue::from_bytes(&text).unwrap_or_else(|_| date.2.clone());
-            *date = (secs, text, value);
+            *date = (secs, text, None);
         }
     }
 
