@@ -983,6 +983,12 @@ fn a_relayed_head_gets_the_proxys_framing_date_and_request_id_over_h2() {
             assert_eq!(dates.len(), 1, "one date: {dates:?}");
             if path == "/dated" {
                 assert_eq!(dates[0], "Sun, 06 Nov 1994 08:49:37 GMT");
+            } else {
+                let date = dates[0].to_str().expect("visible ASCII");
+                assert!(
+                    httpdate::parse_http_date(date).is_ok(),
+                    "the proxy's date: {date:?}"
+                );
             }
             let want: &[u8] = if method == "HEAD" { b"" } else { b"hello" };
             assert_eq!(body, want, "{method} {path}");

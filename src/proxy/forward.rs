@@ -1744,7 +1744,7 @@ async fn relay_response(
     // handed over with the first body bytes, below.
     let typed = match &conn.stream {
         ClientStream::Virtual(_) => {
-            crate::h2::h2_response(resp, ubuf.data(), Some(&edits), Some(w.date_value()))
+            crate::h2::h2_response(resp, ubuf.data(), Some(&edits), w.date_value())
         }
         _ => None,
     };

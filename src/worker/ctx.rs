@@ -384,17 +384,16 @@ impl Worker {
         self.date.borrow().1
     }
 
-    /// The current Date header value, as an HTTP/2 field value.
-    pub fn date_value(&self) -> http::HeaderValue {
+    /// The current Date header value, as an HTTP/2 field value. (An IMF-fixdate is visible
+    /// ASCII, always a valid value; were it not, a response would go without a Date rather
+    /// than with an empty one.)
+    pub fn date_value(&self) -> Option<http::HeaderValue> {
         let mut date = self.date.borrow_mut();
         let (_, text, value) = &mut *date;
-        value
-            .get_or_insert_with(|| {
-                // (An IMF-fixdate is visible ASCII: the value is always valid.)
-                http::HeaderValue::from_bytes(&text[..])
-                    .unwrap_or_else(|_| http::HeaderValue::from_static(""))
-            })
-            .clone()
+        if value.is_none() {
+            *value = http::HeaderValue::from_bytes(&text[..]).ok();
+        }
+        value.clone()
     }
 
     fn refresh_date(&self) {
