@@ -322,7 +322,7 @@ def fmt(v, unit=""):
 def main():
     global WORK, LOADGEN_CPU
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small-body c=64 and 1 MiB only, 3 rounds of 4 s (under 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="small-body c=64 and 1 MiB only, 3 rounds of 3 s (under 2 minutes)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--duration", type=int, default=None, help="seconds per run")
     ap.add_argument("--scenarios", default=None, help="comma list: small16,small64,small256,paced,close,big,up1m,rss,h2c16x10,h2c64x10,h2c1m,h2tls16x10,https64,tlsnew")
@@ -342,7 +342,7 @@ def main():
     args = ap.parse_args()
     LOADGEN_CPU = args.loadgen_cpu
     if args.quick:
-        rounds, duration = args.rounds or 3, args.duration or 4
+        rounds, duration = args.rounds or 3, args.duration or 3
         scenarios = (args.scenarios or "small64,big").split(",")
     else:
         rounds, duration = args.rounds or 3, args.duration or 5
