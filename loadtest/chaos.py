@@ -52,6 +52,17 @@ proxy = "origins"
 """
 
 
+def series(metrics, name, labels):
+    """The value of the one series of `name` carrying every label of `labels` (others may
+    be there too: endpoints also carry `authority`). A series that is not there fails the run:
+    read as zero, it would pass for "no traffic"."""
+    found = [v for k, v in metrics.items()
+             if k.startswith(name + "{") and all(label in k for label in labels)]
+    if len(found) != 1:
+        raise SystemExit(f"chaos: {len(found)} series of {name} with {', '.join(labels)}")
+    return found[0]
+
+
 def start_origin(port):
     return subprocess.Popen(
         ["taskset", "-c", "0", os.path.join(ROOT, "target/release/examples/origin"), f"127.0.0.1:{port}"],
@@ -76,8 +87,7 @@ def main():
     with open(path, "w") as f:
         f.write(config())
     origins, ringway = [], None
-    victim_key = f'ringway_endpoint_requests_total{{upstream="origins",endpoint="127.0.0.1:{ORIGINS[VICTIM]}"}}'
-    healthy_key = f'ringway_endpoint_healthy{{upstream="origins",endpoint="127.0.0.1:{ORIGINS[VICTIM]}"}}'
+    victim = ('upstream="origins"', f'endpoint="127.0.0.1:{ORIGINS[VICTIM]}"')
     samples = []  # (t, victim requests, victim healthy)
     try:
         origins = [start_origin(p) for p in ORIGINS]
@@ -96,7 +106,8 @@ def main():
             while not stop.is_set():
                 try:
                     m = scrape(LISTEN)
-                    samples.append((time.time() - t0, m.get(victim_key, 0.0), m.get(healthy_key, 1.0)))
+                    samples.append((time.time() - t0, series(m, "ringway_endpoint_requests_total", victim),
+                                    series(m, "ringway_endpoint_healthy", victim)))
                 except OSError:
                     pass
                 time.sleep(0.1)
