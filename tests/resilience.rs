@@ -684,6 +684,50 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
 }
 
 #[test]
+fn an_endpoint_whose_checks_pass_again_gets_traffic_at_once_from_p2c_ewma() {
+    // While down, the flaky endpoint answers 503 to requests as well as to its checks: each
+    // failed attempt is a 1 s latency sample, which would keep the peak-EWMA balancer away
+    // from it for tens of seconds after it recovered.
+    let up = Arc::new(AtomicBool::new(true));
+    let up2 = up.clone();
+    let flaky = Origin::start(move |_| {
+        if up2.load(Ordering::SeqCst) {
+            Reply::text(200, "flaky")
+        } else {
+            Reply::text(503, "down")
+        }
+    });
+    let steady = Origin::start(|_| Reply::text(200, "steady"));
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[flaky.addr, steady.addr]),
+        "outlier = { consecutive_failures = 0 }\nretries = { attempts = 1 }\nhealth_check = { path = \"/health\", interval = \"50ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }",
+    );
+    up.store(false, Ordering::SeqCst);
+    let mut client = p.connect();
+    let mut failed = 0;
+    for _ in 0..20 {
+        if client.get("/").status == 503 {
+            failed += 1;
+        }
+    }
+    assert!(failed > 0, "the flaky endpoint was never tried while down");
+    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
+        &p,
+        "ringway_endpoint_healthy",
+        flaky.addr
+    ) == 0.0));
+    up.store(true, Ordering::SeqCst);
+    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
+        &p,
+        "ringway_endpoint_healthy",
+        flaky.addr
+    ) == 1.0));
+    let counts = spread(&p, 20, 1, "/");
+    assert!(counts.get("flaky").is_some_and(|&n| n > 0), "{counts:?}");
+}
+
+#[test]
 fn a_mid_body_abort_ejects_the_endpoint() {
     let broken = raw_origin(|mut s| {
         let _ = read_head_raw(&mut s);

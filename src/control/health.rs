@@ -56,7 +56,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             let Some(hc) = &cfg.health_check else {
                 // Checks removed by a reload: nothing vouches against these endpoints now.
                 for ep in endpoints {
-                    ep.state.healthy.store(true, Ordering::Relaxed);
+                    ep.state.unchecked(shared.millis(now));
                 }
                 continue;
             };
@@ -120,7 +120,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 });
                 for (result, (key, addr, _, hc, name, _)) in results.into_iter().zip(batch) {
                     if let (Some(result), Some(t)) = (result, tracks.get_mut(key)) {
-                        apply(t, result, hc, name, *addr);
+                        apply(t, result, hc, name, *addr, shared.millis(Instant::now()));
                     }
                 }
             }
@@ -147,6 +147,7 @@ fn apply(
     hc: &HealthCheckConfig,
     upstream: &str,
     addr: SocketAddr,
+    now_ms: u64,
 ) {
     let healthy = t.state.healthy.load(Ordering::Relaxed);
     match result {
@@ -154,9 +155,7 @@ fn apply(
             t.failures = 0;
             t.successes = t.successes.saturating_add(1);
             if !healthy && t.successes >= hc.healthy_threshold {
-                t.state.healthy.store(true, Ordering::Relaxed);
-                t.state.ejected_until.store(0, Ordering::Relaxed);
-                t.state.consecutive_failures.store(0, Ordering::Relaxed);
+                t.state.readmit(now_ms);
                 tracing::info!(upstream, endpoint = %addr, "endpoint healthy again");
             }
         }
@@ -370,16 +369,21 @@ mod tests {
         };
         let addr = state.addr;
         for _ in 0..2 {
-            apply(&mut t, Err("x".into()), &hc, "up", addr);
+            apply(&mut t, Err("x".into()), &hc, "up", addr, 7);
         }
         assert!(state.healthy.load(Ordering::Relaxed), "2 failures < 3");
-        apply(&mut t, Err("x".into()), &hc, "up", addr);
+        apply(&mut t, Err("x".into()), &hc, "up", addr, 7);
         assert!(!state.healthy.load(Ordering::Relaxed));
         state.ejected_until.store(u64::MAX, Ordering::Relaxed);
-        apply(&mut t, Ok(()), &hc, "up", addr);
+        apply(&mut t, Ok(()), &hc, "up", addr, 7);
         assert!(!state.healthy.load(Ordering::Relaxed), "1 success < 2");
-        apply(&mut t, Ok(()), &hc, "up", addr);
+        apply(&mut t, Ok(()), &hc, "up", addr, 7);
         assert!(state.healthy.load(Ordering::Relaxed));
         assert_eq!(state.ejected_until.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            state.back_since(9),
+            7,
+            "back in rotation when the checks passed again"
+        );
     }
 }

@@ -30,7 +30,8 @@ pub const EWMA_DECAY_SECS: f64 = 10.0;
 /// invalid response, a 5xx): failing fast must not make an endpoint look fast. Being a peak,
 /// it takes over the estimate at once and decays like any sample (about 0.37 s after
 /// 10 s), so the endpoint is tried again as its estimate falls, or at once when the others
-/// are loaded (the cost is latency × (in-flight + 1)).
+/// are loaded (the cost is latency × (in-flight + 1)). An endpoint that comes back into
+/// rotation (its health checks pass again, its ejection ends) starts without an estimate.
 pub const FAILURE_PENALTY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a balancer needs to know about each endpoint.

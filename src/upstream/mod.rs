@@ -303,13 +303,21 @@ impl Endpoints for View<'_> {
     }
 
     fn latency_ns(&self, i: usize) -> f64 {
-        match self.eps[i].ewma.get() {
-            (estimate, Some(at)) => balancer::decayed(
-                estimate,
-                self.now.saturating_duration_since(at).as_secs_f64(),
-            ),
-            (_, None) => 0.0,
+        let ep = &self.eps[i];
+        let (estimate, Some(at)) = ep.ewma.get() else {
+            return 0.0;
+        };
+        let age = self.now.saturating_duration_since(at);
+        // An estimate from before the endpoint last came back into rotation is forgotten: the
+        // failures that took it out (each a `FAILURE_PENALTY` sample) would otherwise keep it
+        // from traffic for tens of seconds after its checks pass or its ejection ends. It
+        // starts again as a new endpoint does.
+        let sampled_ms = self.now_ms.saturating_sub(age.as_millis() as u64);
+        if sampled_ms < ep.state.back_since(self.now_ms) {
+            ep.ewma.set((0.0, None));
+            return 0.0;
         }
+        balancer::decayed(estimate, age.as_secs_f64())
     }
 
     fn current_weight(&self, i: usize) -> &Cell<i64> {

@@ -131,6 +131,8 @@ pub struct EndpointState {
     pub ejected_until: AtomicU64,
     /// How many times it was ejected (the ejection time grows with it).
     pub ejections: AtomicU32,
+    /// When active health last brought it back (ms since the shared epoch; 0: never).
+    readmitted_ms: AtomicU64,
     /// Open connections across workers, for the per-endpoint connection limit.
     pub connections: AtomicU32,
     /// GCRA theoretical arrival time (ns since epoch) of the per-endpoint token bucket.
@@ -150,6 +152,7 @@ impl EndpointState {
             consecutive_failures: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
+            readmitted_ms: AtomicU64::new(0),
             connections: AtomicU32::new(0),
             bucket_tat: AtomicU64::new(0),
             stats: (0..workers.max(1))
@@ -162,6 +165,31 @@ impl EndpointState {
     pub fn ejected(&self, now_ms: u64) -> bool {
         let until = self.ejected_until.load(Ordering::Relaxed);
         until != 0 && now_ms < until
+    }
+
+    /// Active health passed again at `now_ms`: back in rotation, with its failure run and any
+    /// ejection forgotten.
+    pub fn readmit(&self, now_ms: u64) {
+        self.healthy.store(true, Ordering::Relaxed);
+        self.ejected_until.store(0, Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.readmitted_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Active health checks no longer vouch against it (a reload removed them) as of `now_ms`.
+    pub fn unchecked(&self, now_ms: u64) {
+        if !self.healthy.swap(true, Ordering::Relaxed) {
+            self.readmitted_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// When it last came back into rotation, as of `now_ms` (ms since the shared epoch; 0 if
+    /// it never left): its health checks passing again, or an ejection that has ended.
+    /// Latency samples from before then say nothing about the endpoint as it is now.
+    pub fn back_since(&self, now_ms: u64) -> u64 {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        let ejection_end = if until <= now_ms { until } else { 0 };
+        self.readmitted_ms.load(Ordering::Relaxed).max(ejection_end)
     }
 
     /// Records a success: resets the failure run (without a write when there is none).
@@ -724,6 +752,8 @@ mod tests {
         assert!(!e.record_failure(&cfg, 0, || true));
         assert!(e.record_failure(&cfg, 0, || true));
         assert!(e.ejected(500) && !e.ejected(1000));
+        assert_eq!(e.back_since(999), 0, "still out");
+        assert_eq!(e.back_since(1000), 1000, "back when the ejection ended");
         // Failing again 0.5 s after coming back: twice as long.
         e.record_failure(&cfg, 1500, || true);
         assert!(e.record_failure(&cfg, 1500, || true));
