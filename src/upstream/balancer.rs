@@ -31,7 +31,8 @@ pub const EWMA_DECAY_SECS: f64 = 10.0;
 /// it takes over the estimate at once and decays like any sample (about 0.37 s after
 /// 10 s), so the endpoint is tried again as its estimate falls, or at once when the others
 /// are loaded (the cost is latency × (in-flight + 1)). An endpoint that comes back into
-/// rotation (its health checks pass again, its ejection ends) starts without an estimate.
+/// rotation (its health checks pass again, its ejection ends) starts without an estimate,
+/// as a new one does, and is costed at its rival's latency until its first sample.
 pub const FAILURE_PENALTY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a balancer needs to know about each endpoint.
@@ -284,12 +285,23 @@ impl Balancer {
         if b >= a {
             b += 1;
         }
-        let cost = |i: usize| {
-            eps.latency_ns(i).max(1.0) * f64::from(eps.in_flight(i) + 1)
-                / f64::from(eps.weight(i).max(1))
-        };
         match (eps.eligible(a), eps.eligible(b)) {
-            (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
+            (true, true) => {
+                let (la, lb) = (eps.latency_ns(a), eps.latency_ns(b));
+                // An endpoint without an estimate (new, or back in rotation) is costed at the
+                // other's latency: requests in flight decide, so it takes its share at once,
+                // but not every request while its first ones are still out.
+                let (la, lb) = match (la > 0.0, lb > 0.0) {
+                    (false, true) => (lb, lb),
+                    (true, false) => (la, la),
+                    _ => (la, lb),
+                };
+                let cost = |latency: f64, i: usize| {
+                    latency.max(1.0) * f64::from(eps.in_flight(i) + 1)
+                        / f64::from(eps.weight(i).max(1))
+                };
+                Some(if cost(lb, b) < cost(la, a) { b } else { a })
+            }
             (true, false) => Some(a),
             (false, true) => Some(b),
             (false, false) => self.smooth(eps, |i| eps.eligible(i)),
@@ -559,6 +571,19 @@ mod tests {
         assert_eq!((a, r.len() - a), (4096, 12288));
         // Small sets are not scaled.
         assert_eq!(ring(&keys(3)).len(), 3 * RING_POINTS as usize);
+    }
+
+    #[test]
+    fn p2c_costs_an_endpoint_without_an_estimate_at_the_others_latency() {
+        let mut f = Fake::new(2);
+        f.latency = vec![0.0, 1_000.0];
+        let b = Balancer::new(&BalancerConfig::P2cEwma, 0, &keys(2));
+        // Equal in flight: a tie, which the first drawn wins; both get picked.
+        let picks: Vec<usize> = (0..64).map(|_| b.pick(&f, None).unwrap()).collect();
+        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
+        // Its first requests still out: the known endpoint is cheaper, not 1,000 times dearer.
+        f.in_flight = vec![3, 0];
+        assert!((0..20).all(|_| b.pick(&f, None) == Some(1)));
     }
 
     #[test]
