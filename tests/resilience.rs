@@ -39,6 +39,13 @@ fn endpoint_metric(p: &Proxy, name: &str, ep: SocketAddr) -> f64 {
     metrics(p.addr).get(&key).copied().unwrap_or(f64::NAN)
 }
 
+/// Whether active health marks `ep` healthy (1.0) or not (0.0) within 5 s.
+fn health_becomes(p: &Proxy, ep: SocketAddr, value: f64) -> bool {
+    wait_until(Duration::from_secs(5), || {
+        endpoint_metric(p, "ringway_endpoint_healthy", ep) == value
+    })
+}
+
 fn upstream_metric(p: &Proxy, name: &str) -> f64 {
     metrics(p.addr)
         .get(&format!("{name}{{upstream=\"up\"}}"))
@@ -659,11 +666,7 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
         1.0
     );
     health.store(503, Ordering::SeqCst);
-    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
-        &p,
-        "ringway_endpoint_healthy",
-        flaky.addr
-    ) == 0.0));
+    assert!(health_becomes(&p, flaky.addr, 0.0));
     let counts = spread(&p, 20, 2, "/");
     assert_eq!(counts.get("steady"), Some(&20), "{counts:?}");
     let (_, json) = admin(admin_addr(&p), "GET", "/-/upstreams");
@@ -674,11 +677,7 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     assert!(json.contains("\"healthy\":false"), "{json}");
 
     health.store(200, Ordering::SeqCst);
-    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
-        &p,
-        "ringway_endpoint_healthy",
-        flaky.addr
-    ) == 1.0));
+    assert!(health_becomes(&p, flaky.addr, 1.0));
     let counts = spread(&p, 20, 2, "/");
     assert_eq!(counts.get("flaky"), Some(&10), "{counts:?}");
 }
@@ -712,17 +711,9 @@ fn an_endpoint_whose_checks_pass_again_gets_traffic_at_once_from_p2c_ewma() {
         }
     }
     assert!(failed > 0, "the flaky endpoint was never tried while down");
-    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
-        &p,
-        "ringway_endpoint_healthy",
-        flaky.addr
-    ) == 0.0));
+    assert!(health_becomes(&p, flaky.addr, 0.0));
     up.store(true, Ordering::SeqCst);
-    assert!(wait_until(Duration::from_secs(5), || endpoint_metric(
-        &p,
-        "ringway_endpoint_healthy",
-        flaky.addr
-    ) == 1.0));
+    assert!(health_becomes(&p, flaky.addr, 1.0));
     let counts = spread(&p, 20, 1, "/");
     assert!(counts.get("flaky").is_some_and(|&n| n > 0), "{counts:?}");
 }
