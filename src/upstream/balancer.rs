@@ -49,7 +49,7 @@ pub trait Endpoints {
     fn weight(&self, i: usize) -> u32;
     /// Requests in flight on this worker.
     fn in_flight(&self, i: usize) -> u32;
-    /// Peak-EWMA latency estimate in nanoseconds.
+    /// Peak-EWMA latency estimate in nanoseconds; 0 when there is none yet.
     fn latency_ns(&self, i: usize) -> f64;
     /// Smooth-WRR current weight, read and written by the rotating balancers.
     fn current_weight(&self, i: usize) -> &Cell<i64>;
