@@ -154,6 +154,10 @@ pub struct Http2Config {
     pub initial_stream_window: u32,
     /// Flow-control window per connection.
     pub initial_connection_window: u32,
+    /// Body bytes the streams of one connection may hold in ringway together, per direction,
+    /// shared equally among the open streams (each gets 16 to 64 KiB of bridge buffer); it
+    /// also sizes h2's send queue per stream (see `h2::send_buffer_per_stream`).
+    pub max_buffered_bytes: usize,
     /// Largest frame payload accepted.
     pub max_frame_size: u32,
     /// Largest decoded header list (also bounds CONTINUATION frames).

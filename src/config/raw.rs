@@ -39,6 +39,7 @@ pub(crate) struct RawHttp2 {
     pub(crate) max_concurrent_streams: Option<Spanned<i64>>,
     pub(crate) initial_stream_window: Option<Spanned<i64>>,
     pub(crate) initial_connection_window: Option<Spanned<i64>>,
+    pub(crate) max_buffered_bytes: Option<Spanned<i64>>,
     pub(crate) max_frame_size: Option<Spanned<i64>>,
     pub(crate) max_header_list_bytes: Option<Spanned<i64>>,
     pub(crate) max_pending_accept_reset_streams: Option<Spanned<i64>>,

@@ -485,6 +485,12 @@ fn compile_http2(
             65_535..(1 << 31) - 1,
             "http2.initial_connection_window",
         )? as u32,
+        max_buffered_bytes: ctx.int(
+            &h.max_buffered_bytes,
+            1024 * 1024,
+            64 * 1024..1 << 30,
+            "http2.max_buffered_bytes",
+        )? as usize,
         max_frame_size: ctx.int(
             &h.max_frame_size,
             16_384,

@@ -30,8 +30,12 @@ use monoio::BufResult;
 use crate::http1::{BodyFraming, WrittenRequest};
 use crate::observe::access_log::Pending;
 
-/// Bytes a pipe holds before its writer waits.
+/// Bytes a pipe holds before its writer waits, at most.
 pub const PIPE_BYTES: usize = 64 * 1024;
+
+/// Bytes a pipe may hold however many streams share their connection's budget (a DATA frame's
+/// worth at the default frame size).
+pub const MIN_PIPE_BYTES: usize = 16 * 1024;
 
 /// A final response head handed over typed (see [`VirtualConn::put_head`]), with how its
 /// body follows in the pipe's bytes.
@@ -72,27 +76,36 @@ struct Pipe {
     write_waker: Option<Waker>,
     /// Woken when the reader goes (a [`GoneWatch`] on the response direction).
     gone_waker: Option<Waker>,
+    /// The streams of the connection, whose budget sets how much the pipe holds (`None`:
+    /// [`PIPE_BYTES`]).
+    share: Option<Rc<super::StreamCount>>,
 }
 
 impl Pipe {
-    /// Appends what fits of `data` (at most [`PIPE_BYTES`] held); `Pending` (with the waker
+    /// The bytes the pipe may hold now (see [`super::StreamCount::pipe_limit`]).
+    fn limit(&self) -> usize {
+        self.share.as_ref().map_or(PIPE_BYTES, |s| s.pipe_limit())
+    }
+
+    /// Appends what fits of `data` (at most [`Pipe::limit`] held); `Pending` (with the waker
     /// kept) when full; `None` once the reader is gone.
     fn push(&mut self, data: &[u8], cx: &mut Context<'_>) -> Poll<Option<usize>> {
         if self.reader_closed {
             return Poll::Ready(None);
         }
-        let room = PIPE_BYTES.saturating_sub(self.data.len());
+        let limit = self.limit();
+        let room = limit.saturating_sub(self.data.len());
         if room == 0 {
             self.write_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
         let n = room.min(data.len());
         let need = self.data.len() + n;
-        if need > self.data.capacity() && need > PIPE_BYTES / 4 {
+        if need > self.data.capacity() && need > limit / 4 {
             // A large body: room for all the pipe may hold, at once. Grown write by write to
             // fit, its buffer would be reallocated (and copied) several times per block.
             // (Small bodies keep small buffers.)
-            self.data.reserve(PIPE_BYTES - self.data.len());
+            self.data.reserve(limit - self.data.len());
         }
         self.data.extend_from_slice(&data[..n]);
         self.wake_reader();
@@ -194,9 +207,17 @@ struct Pipes {
 type Shared = Rc<Pipes>;
 
 /// Creates the two ends: the proxy's virtual connection and the HTTP/2 stream's end. `grpc`:
-/// the request says it is a gRPC call (its content type).
-pub fn pair(sni: Option<Rc<str>>, tls: bool, grpc: bool) -> (VirtualConn, StreamEnd) {
+/// the request says it is a gRPC call (its content type). `share`: the streams of the
+/// connection, whose budget bounds both pipes (`None`: [`PIPE_BYTES`] each).
+pub fn pair(
+    sni: Option<Rc<str>>,
+    tls: bool,
+    grpc: bool,
+    share: Option<Rc<super::StreamCount>>,
+) -> (VirtualConn, StreamEnd) {
     let pipes: Shared = Rc::default();
+    pipes.to_proxy.borrow_mut().share = share.clone();
+    pipes.from_proxy.borrow_mut().share = share;
     (
         VirtualConn {
             pipes: pipes.clone(),
@@ -226,6 +247,14 @@ impl VirtualConn {
     /// Whether the HTTP/2 connection is TLS.
     pub fn is_tls(&self) -> bool {
         self.tls
+    }
+
+    /// Whether a body is best relayed to this stream in large blocks: whether its pipe may hold
+    /// a whole [`PIPE_BYTES`] now. (With many streams open, each gets a share of the
+    /// connection's budget, and a large block would hold more than its share while it waits
+    /// for room.)
+    pub fn takes_large_blocks(&self) -> bool {
+        self.pipes.from_proxy.borrow().limit() >= PIPE_BYTES
     }
 
     /// Whether the stream's request is a gRPC call (by its content type): its errors are
@@ -559,9 +588,64 @@ mod tests {
         assert!(pipe.push(&piece, &mut cx).is_pending(), "full");
     }
 
+    /// Fills `pipe` with `piece`s until it refuses; the bytes it took.
+    fn fill(pipe: &mut Pipe, piece: &[u8]) -> usize {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut took = 0;
+        while let Poll::Ready(Some(n)) = pipe.push(piece, &mut cx) {
+            took += n;
+        }
+        took
+    }
+
+    #[test]
+    fn a_pipe_holds_an_equal_share_of_its_connections_budget() {
+        let streams = Rc::new(crate::h2::StreamCount::new(1024 * 1024));
+        let (vconn, end) = pair(None, false, false, Some(streams.clone()));
+        let piece = [7u8; 5000];
+        // One stream open: its share is above a pipe, so a whole pipe.
+        streams.active.set(1);
+        assert!(vconn.takes_large_blocks());
+        assert_eq!(
+            fill(&mut vconn.pipes.from_proxy.borrow_mut(), &piece),
+            PIPE_BYTES
+        );
+        let mut buf = BytesMut::new();
+        assert!(matches!(now(end.read_into(&mut buf)), Read::Bytes));
+        assert_eq!(buf.len(), PIPE_BYTES);
+        // 32 open: 32 KiB each. 100 open: a share below the floor, so the floor.
+        streams.active.set(32);
+        assert!(!vconn.takes_large_blocks());
+        assert_eq!(
+            fill(&mut vconn.pipes.from_proxy.borrow_mut(), &piece),
+            32 * 1024
+        );
+        end.pipes.from_proxy.borrow_mut().consume(32 * 1024);
+        streams.active.set(100);
+        assert_eq!(
+            fill(&mut vconn.pipes.from_proxy.borrow_mut(), &piece),
+            MIN_PIPE_BYTES
+        );
+        // The request direction holds the same share.
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut to_proxy = vconn.pipes.to_proxy.borrow_mut();
+        let mut took = 0;
+        while let Poll::Ready(Some(n)) = to_proxy.push(&piece, &mut cx) {
+            took += n;
+        }
+        assert_eq!(took, MIN_PIPE_BYTES);
+        drop(to_proxy);
+        // Streams ended: a full pipe's room again, for the bytes already held too.
+        streams.active.set(1);
+        assert_eq!(
+            fill(&mut vconn.pipes.from_proxy.borrow_mut(), &piece),
+            PIPE_BYTES - MIN_PIPE_BYTES
+        );
+    }
+
     #[test]
     fn a_typed_head_comes_after_the_bytes_before_it_and_before_the_body() {
-        let (mut vconn, end) = pair(None, false, false);
+        let (mut vconn, end) = pair(None, false, false, None);
         let interim: &'static [u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
         assert_eq!(now(vconn.write(interim)).0.unwrap(), interim.len());
         vconn.put_head(head(BodyFraming::Length(5))).unwrap();
@@ -583,7 +667,7 @@ mod tests {
 
     #[test]
     fn a_head_first_is_read_first() {
-        let (vconn, end) = pair(None, false, false);
+        let (vconn, end) = pair(None, false, false, None);
         vconn.put_head(head(BodyFraming::None)).unwrap();
         drop(vconn);
         let mut buf = BytesMut::new();
@@ -594,7 +678,7 @@ mod tests {
 
     #[test]
     fn a_stream_that_stopped_taking_the_response_refuses_its_head() {
-        let (vconn, end) = pair(None, false, false);
+        let (vconn, end) = pair(None, false, false, None);
         end.close_read();
         let err = vconn.put_head(head(BodyFraming::None)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);

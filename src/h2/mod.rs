@@ -87,7 +87,8 @@ where
         .max_header_list_size(cfg.max_header_list_bytes)
         .max_pending_accept_reset_streams(cfg.max_pending_accept_reset_streams)
         .max_local_error_reset_streams(Some(cfg.max_local_error_reset_streams))
-        .max_send_buffer_size(cfg.initial_stream_window as usize);
+        .max_send_buffer_size(send_buffer_per_stream(cfg));
+    let cfg_budget = cfg.max_buffered_bytes;
     let handshake =
         monoio::time::timeout(gen.http.header_timeout, builder.handshake::<T, Bytes>(io)).await;
     let mut conn = match handshake {
@@ -103,7 +104,7 @@ where
     let max_streams = cfg.max_concurrent_streams as usize;
     drop(gen);
     let info = Rc::new(info);
-    let streams = Rc::new(StreamCount::default());
+    let streams = Rc::new(StreamCount::new(cfg_budget));
     // One timer for the connection's life, re-armed when it fires (not one per stream).
     let mut check = std::pin::pin!(monoio::time::sleep(IDLE_CHECK));
     let mut shutdown = std::pin::pin!(w.shutdown.wait());
@@ -191,11 +192,45 @@ where
     }
 }
 
-/// The streams of one connection: open now, and whether any opened or ended lately.
-#[derive(Default)]
-struct StreamCount {
+/// What h2 may queue for sending per stream (its `max_send_buffer_size`): a stream's share of
+/// `http2.max_buffered_bytes` with every stream open, at least [`bridge::MIN_PIPE_BYTES`] and at
+/// most the stream window. (h2 queues up to this much whatever window the client grants: a
+/// client that grants a wide window and reads nothing would otherwise pin it per stream.)
+fn send_buffer_per_stream(cfg: &crate::config::Http2Config) -> usize {
+    let share = cfg.max_buffered_bytes / (cfg.max_concurrent_streams.max(1) as usize);
+    share
+        .max(bridge::MIN_PIPE_BYTES)
+        .min(cfg.initial_stream_window as usize)
+}
+
+/// The streams of one connection: open now, and whether any opened or ended lately; and the
+/// bytes their bridges may hold together.
+#[derive(Debug)]
+pub struct StreamCount {
     active: Cell<usize>,
     touched: Cell<bool>,
+    /// `http2.max_buffered_bytes`: shared out among the open streams (see
+    /// [`StreamCount::pipe_limit`]).
+    budget: usize,
+}
+
+impl StreamCount {
+    fn new(budget: usize) -> Self {
+        StreamCount {
+            active: Cell::new(0),
+            touched: Cell::new(false),
+            budget,
+        }
+    }
+
+    /// The bytes each direction of a stream's bridge may hold now: an equal share of the
+    /// connection's budget among its open streams, within [`bridge::MIN_PIPE_BYTES`] and
+    /// [`bridge::PIPE_BYTES`]. A client that opens many streams and reads none of them pins
+    /// a share each, not a full pipe each.
+    pub fn pipe_limit(&self) -> usize {
+        let open = self.active.get().max(1);
+        (self.budget / open).clamp(bridge::MIN_PIPE_BYTES, bridge::PIPE_BYTES)
+    }
 }
 
 /// Counts a stream in progress; its drop records the end.
@@ -436,7 +471,7 @@ fn stream_task(
         let head_request = parts.method == http::Method::HEAD;
         let chunked =
             !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-        let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc);
+        let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc, Some(_guard.0.clone()));
         // The request head becomes the pipe's first bytes as it is (the proxy side is not running
         // yet; HTTP/2 bounds header lists).
         let (head, written) = h1_head(&parts, chunked);
@@ -999,6 +1034,25 @@ mod tests {
             b = b.header(*n, *v);
         }
         b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn h2_queues_a_streams_share_of_the_budget_within_a_frame_and_the_window() {
+        let cfg = |budget: usize, streams: u32, window: u32| crate::config::Http2Config {
+            enabled: true,
+            max_concurrent_streams: streams,
+            initial_stream_window: window,
+            initial_connection_window: 1 << 20,
+            max_buffered_bytes: budget,
+            max_frame_size: 16_384,
+            max_header_list_bytes: 16_384,
+            max_pending_accept_reset_streams: 20,
+            max_local_error_reset_streams: 1024,
+        };
+        // The defaults: 1 MiB over 100 streams is below the floor.
+        assert_eq!(send_buffer_per_stream(&cfg(1 << 20, 100, 262_144)), 16_384);
+        assert_eq!(send_buffer_per_stream(&cfg(1 << 20, 8, 262_144)), 131_072);
+        assert_eq!(send_buffer_per_stream(&cfg(1 << 30, 8, 262_144)), 262_144);
     }
 
     #[test]

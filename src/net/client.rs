@@ -180,6 +180,15 @@ impl ClientStream {
         }
     }
 
+    /// Whether a body is best relayed to this client in large blocks (see
+    /// [`VirtualConn::takes_large_blocks`]): always for a connection.
+    pub fn takes_large_blocks(&self) -> bool {
+        match self {
+            ClientStream::Plain(_) | ClientStream::Tls(..) => true,
+            ClientStream::Virtual(v) => v.takes_large_blocks(),
+        }
+    }
+
     /// The write size that leaves as whole TCP segments: the connection's segment size, for
     /// cleartext TCP only (TLS writes records of their own size; an HTTP/2 stream's bytes go
     /// out in frames). One `getsockopt`.

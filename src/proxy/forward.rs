@@ -1974,7 +1974,9 @@ impl RelayState {
             if self.done(relay) {
                 return Ok(ubuf.len());
             }
-            w.body_block(&mut ubuf);
+            if client.takes_large_blocks() {
+                w.body_block(&mut ubuf);
+            }
             // Reads are not capped at the body's end: bytes an upstream sends beyond its
             // Content-Length in the same write show up here as leftovers, and the
             // connection is not reused (they would pass for the next request's response).
