@@ -646,3 +646,52 @@ fn configured_204_has_no_length_and_keeps_the_connection() {
         assert_eq!(r.header("content-length"), None);
     }
 }
+
+/// Peers with Nagle's algorithm on (std's sockets, as many backends and clients) that write
+/// a head and its body apart: the body is held back until the head is acknowledged, and on a
+/// keep-alive connection Linux delays that ACK by up to 40 ms. ringway acknowledges at once
+/// when it waits for the rest of a message: each exchange takes well under the delay, with
+/// the request's head split too.
+#[test]
+fn heads_and_bodies_written_apart_do_not_wait_for_a_delayed_ack() {
+    use std::io::{BufReader, Read, Write};
+    use std::time::Instant;
+
+    let origin = raw_origin(|mut s| loop {
+        if read_head_raw(&mut s).is_empty() {
+            return;
+        }
+        let mut body = [0u8; 5];
+        if s.read_exact(&mut body).is_err()
+            || s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+                .is_err()
+            || s.write_all(&body).is_err()
+        {
+            return;
+        }
+    });
+    let proxy = Proxy::to(origin, "");
+    let mut c = std::net::TcpStream::connect(proxy.addr).unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut times = Vec::new();
+    for i in 0..8 {
+        let t = Instant::now();
+        if i % 2 == 0 {
+            c.write_all(b"POST /x HTTP/1.1\r\nHost: a\r\n").unwrap();
+            c.write_all(b"Content-Length: 5\r\n\r\n").unwrap();
+        } else {
+            c.write_all(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n")
+                .unwrap();
+        }
+        c.write_all(b"hello").unwrap();
+        let resp = read_response(&mut r, false).expect("a response");
+        assert_eq!((resp.status, resp.text()), (200, "hello".to_string()));
+        times.push(t.elapsed());
+    }
+    // A new connection acknowledges at once anyway: the later exchanges are the test.
+    let slow = times[2..]
+        .iter()
+        .filter(|t| **t >= Duration::from_millis(30))
+        .count();
+    assert_eq!(slow, 0, "exchanges slowed by a delayed ACK: {times:?}");
+}

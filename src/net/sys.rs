@@ -67,6 +67,29 @@ pub fn segment_size(fd: RawFd) -> Option<usize> {
     (rc == 0 && mss >= 536).then_some(mss as usize)
 }
 
+/// Acknowledges at once what `fd` received, and what it receives next until ringway writes on
+/// it again (`TCP_QUICKACK`), for a reader about to wait for the rest of a message.
+///
+/// A sender with Nagle's algorithm on (many backends and clients leave it on) holds a small
+/// segment back while its previous one is unacknowledged; and once a connection has carried
+/// a request and its answer, Linux delays its ACKs (by up to 40 ms), hoping to send them with
+/// data. A head and a body written apart then arrive 40 ms apart. One `setsockopt`; errors
+/// are ignored (the socket is closed, or not TCP: nothing to hurry).
+pub fn quickack(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a valid `c_int` for the size passed; `fd` is an open socket owned by
+    // the caller.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// Raises the soft open-files limit to the hard limit, as servers handling many connections
 /// must; returns the new soft limit.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {

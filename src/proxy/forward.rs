@@ -844,6 +844,7 @@ pub(super) async fn collect_body(
 ) -> Result<Vec<u8>, Error> {
     let mut body = Vec::with_capacity(n);
     let mut continued = false;
+    let mut acked = false;
     loop {
         let Some(mut rbuf) = conn.rbuf.take() else {
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
@@ -870,6 +871,13 @@ pub(super) async fn collect_body(
         }
         rbuf.compact();
         rbuf.limit_next_read(n - body.len());
+        if !acked {
+            // The body did not come whole with its head (see `quickack`). Once per request.
+            if let Some(fd) = conn.stream.socket_fd() {
+                crate::net::sys::quickack(fd);
+            }
+            acked = true;
+        }
         let deadline = w.now() + cg.gen.http.body_timeout;
         let (res, b) = pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await;
         conn.rbuf = Some(b);
@@ -1023,9 +1031,11 @@ async fn exchange(
             all_sent = sent;
             result
         } else if bstate.done {
+            let fd = upc.fd();
             pin!(read_response_head(
                 w,
                 &mut upc.read,
+                fd,
                 ubuf,
                 &mut conn.resp,
                 info.method,
@@ -1105,9 +1115,12 @@ async fn send_rest_and_read_head(
     head_deadline: &dyn Fn(&Worker) -> Instant,
     gone: Option<&ClientGone<'_>>,
 ) -> (Result<Block, HeadError>, bool) {
+    let fd = upc.fd();
     let UpConn { read, write, .. } = upc;
     let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
-    let mut head = std::pin::pin!(read_response_head(w, read, ubuf, resp, method, None, gone));
+    let mut head = std::pin::pin!(read_response_head(
+        w, read, fd, ubuf, resp, method, None, gone
+    ));
     match race(send.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => (
             await_head(head.as_mut(), head_deadline(w), None).await,
@@ -1295,6 +1308,7 @@ async fn send_body_and_read_head(
         stream, rbuf, resp, ..
     } = conn;
     let up_fd = upc.plain_fd();
+    let fd = upc.fd();
     let UpConn { read, write, .. } = upc;
     let mut pump = std::pin::pin!(pump_request_body(
         w,
@@ -1311,6 +1325,7 @@ async fn send_body_and_read_head(
     let mut head = std::pin::pin!(read_response_head(
         w,
         read,
+        fd,
         ubuf,
         resp,
         info.method,
@@ -1381,9 +1396,18 @@ async fn pump_request_body(
         BodyFraming::None | BodyFraming::UntilClose => return Ok(()),
     };
     let mut decoder = ChunkedDecoder::new();
+    let mut acked = false;
     loop {
         let mut buf = rbuf.take().unwrap_or_else(|| w.pool.take());
         if buf.is_empty() {
+            if !acked {
+                // The body did not come whole with its head: the rest must not wait for a
+                // delayed ACK (see `quickack`). Once per request.
+                if let Some(fd) = client.socket_fd() {
+                    crate::net::sys::quickack(fd);
+                }
+                acked = true;
+            }
             w.body_block(&mut buf);
             let spare = buf.spare();
             let mut limit = match framing {
@@ -1482,9 +1506,12 @@ pub(super) fn cancelled() -> Error {
 
 /// Reads until a final (non-1xx) response head is buffered at the front of the returned block.
 /// A client that goes meanwhile (`gone`) ends the wait with a downstream `ClientClosed`.
+/// `up_fd`: the socket under `up`, acknowledged at once when the head comes in pieces.
+#[allow(clippy::too_many_arguments)]
 async fn read_response_head(
     w: &Worker,
     up: &mut ReadHalf,
+    up_fd: RawFd,
     mut ubuf: Block,
     resp: &mut ResponseHead,
     method: Method,
@@ -1492,6 +1519,7 @@ async fn read_response_head(
     gone: Option<&ClientGone<'_>>,
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
+    let mut acked = false;
     let mut interim = 0;
     // Bytes of `ubuf` already parsed as an incomplete head (0: none yet, parse at once): a
     // head that trickles in is parsed again only once a read completes a line (which may end
@@ -1540,6 +1568,11 @@ async fn read_response_head(
                     "response head too large",
                 ));
             }
+        }
+        if got_bytes && !acked {
+            // The head came in pieces: the rest must not wait for a delayed ACK.
+            crate::net::sys::quickack(up_fd);
+            acked = true;
         }
         let mut read = std::pin::pin!(async {
             match deadline {
@@ -1802,12 +1835,14 @@ async fn relay_response(
     add(&w.metrics().bytes_out, len);
     conn.log.wrote(status, len);
 
+    let up_fd = upc.fd();
     let relayed = relay_state
         .relay_rest(
             w,
             cg,
             relay,
             &mut upc.read,
+            up_fd,
             &mut conn.stream,
             ubuf,
             read_timeout,
@@ -1934,12 +1969,14 @@ impl RelayState {
         cg: &CoreGen,
         relay: Relay,
         up: &mut ReadHalf,
+        up_fd: RawFd,
         client: &mut ClientStream,
         mut ubuf: Block,
         read_timeout: std::time::Duration,
     ) -> Result<usize, Error> {
         let send_timeout = cg.gen.http.send_timeout;
         let mut seg = WholeSegments::default();
+        let mut acked = false;
         loop {
             if !ubuf.is_empty() {
                 // (bytes to write from the front, bytes to drop after them)
@@ -1973,6 +2010,12 @@ impl RelayState {
             }
             if self.done(relay) {
                 return Ok(ubuf.len());
+            }
+            if !acked {
+                // The body did not come whole with its head: the rest must not wait for a
+                // delayed ACK (see `quickack`). Once per response.
+                crate::net::sys::quickack(up_fd);
+                acked = true;
             }
             if client.takes_large_blocks() {
                 w.body_block(&mut ubuf);

@@ -44,6 +44,11 @@ impl Drop for UpConn {
 }
 
 impl UpConn {
+    /// The connection's socket (under TLS too).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
     /// The socket of a cleartext connection, whose writes are best sized to whole TCP
     /// segments ([`crate::net::sys::segment_size`]); `None` over TLS, whose records set them.
     pub fn plain_fd(&self) -> Option<RawFd> {
