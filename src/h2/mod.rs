@@ -436,7 +436,7 @@ fn stream_task(
 ) -> impl Future<Output = ()> {
     let (parts, mut body) = req.into_parts();
     async move {
-        let _guard = guard;
+        let guard = guard;
         let grpc = parts
             .headers
             .get(http::header::CONTENT_TYPE)
@@ -471,7 +471,7 @@ fn stream_task(
         let head_request = parts.method == http::Method::HEAD;
         let chunked =
             !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
-        let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc, Some(_guard.0.clone()));
+        let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc, Some(guard.0.clone()));
         // The request head becomes the pipe's first bytes as it is (the proxy side is not running
         // yet; HTTP/2 bounds header lists).
         let (head, written) = h1_head(&parts, chunked);
