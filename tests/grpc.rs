@@ -1540,3 +1540,27 @@ fn streams_queued_behind_the_upstream_limit_are_bounded() {
     );
     assert!(results[2].2 < Duration::from_millis(1400), "{results:?}");
 }
+
+/// An HTTP/1.1 client with Nagle's algorithm on that writes its request head and body apart,
+/// on a keep-alive connection, to an HTTP/2 upstream: ringway acknowledges the head at once,
+/// so the body does not wait for a delayed ACK (up to 40 ms on Linux).
+#[test]
+fn a_body_written_apart_from_its_head_reaches_an_h2_upstream_without_a_delayed_ack() {
+    let proxy = proxy_to_h2(h2_origin());
+    let mut c = proxy.connect();
+    let mut times = Vec::new();
+    for _ in 0..8 {
+        let t = Instant::now();
+        c.send(b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n");
+        c.send(b"hello");
+        let r = c.read_response(false).expect("a response");
+        assert_eq!((r.status, r.text()), (200, "plain POST 5".to_string()));
+        times.push(t.elapsed());
+    }
+    // A new connection acknowledges at once anyway: the later exchanges are the test.
+    let slow = times[2..]
+        .iter()
+        .filter(|t| **t >= Duration::from_millis(30))
+        .count();
+    assert_eq!(slow, 0, "exchanges slowed by a delayed ACK: {times:?}");
+}

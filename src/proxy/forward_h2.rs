@@ -298,12 +298,14 @@ impl Future for FinalHead {
 }
 
 /// Streams the client's request body (after the head, in `rbuf`, then from `stream`) into
-/// `send`.
+/// `send`. `client_fd`: the client's socket (`None` for an HTTP/2 stream), acknowledged at once
+/// when the body did not come whole with the head.
 #[allow(clippy::too_many_arguments)]
 async fn pump_body<S: AsyncReadRent>(
     w: &Worker,
     cg: &CoreGen,
     stream: &mut S,
+    client_fd: Option<std::os::fd::RawFd>,
     rbuf: &mut Option<Block>,
     framing: BodyFraming,
     max_body: Option<u64>,
@@ -316,6 +318,7 @@ async fn pump_body<S: AsyncReadRent>(
         _ => 0,
     };
     let mut decoder = ChunkedDecoder::new();
+    let mut acked = false;
     loop {
         let done = match framing {
             BodyFraming::Chunked => decoder.is_done(),
@@ -328,6 +331,11 @@ async fn pump_body<S: AsyncReadRent>(
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
         };
         if buf.is_empty() {
+            if let Some(fd) = client_fd.filter(|_| !acked) {
+                // The rest of the body must not wait for a delayed ACK (`quickack`).
+                crate::net::sys::quickack(fd);
+            }
+            acked = true;
             w.body_block(&mut buf);
             if framing != BodyFraming::Chunked {
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);
@@ -414,6 +422,7 @@ fn duplex_pump<'a>(
             w,
             cg,
             &mut reader,
+            None,
             &mut rbuf,
             framing,
             max_body,
@@ -753,10 +762,12 @@ pub(super) async fn proxy(
                             stream.send_reset(h2::Reason::CANCEL);
                             break 'attempt Attempt::Client(e);
                         }
+                        let client_fd = conn.stream.socket_fd();
                         let pump = pump_body(
                             w,
                             cg,
                             &mut conn.stream,
+                            client_fd,
                             &mut conn.rbuf,
                             info.framing,
                             plan.max_body,
