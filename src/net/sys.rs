@@ -90,6 +90,26 @@ pub fn quickack(fd: RawFd) {
     }
 }
 
+/// [`quickack`] at most once per message: a reader waiting for the rest of a message calls
+/// [`QuickAck::before_wait`] before each wait; only the first one acknowledges.
+#[derive(Debug, Default)]
+pub struct QuickAck {
+    done: bool,
+}
+
+impl QuickAck {
+    /// Acknowledges on `fd` (`None`: no socket of its own, an HTTP/2 stream) unless this
+    /// message already did.
+    pub fn before_wait(&mut self, fd: Option<RawFd>) {
+        if !self.done {
+            self.done = true;
+            if let Some(fd) = fd {
+                quickack(fd);
+            }
+        }
+    }
+}
+
 /// Raises the soft open-files limit to the hard limit, as servers handling many connections
 /// must; returns the new soft limit.
 pub fn raise_nofile_limit() -> std::io::Result<u64> {

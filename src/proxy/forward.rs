@@ -42,6 +42,7 @@ use crate::http1::{
     MAX_HEADERS_HARD_LIMIT,
 };
 use crate::net::client::{ClientStream, ReadHalf, WriteHalf};
+use crate::net::sys::QuickAck;
 use crate::observe::metrics::add;
 use crate::route::criteria::{parse_cookies, HeaderLookup};
 use crate::route::{rewrite_path, Params, ProxyAction, Route};
@@ -844,7 +845,7 @@ pub(super) async fn collect_body(
 ) -> Result<Vec<u8>, Error> {
     let mut body = Vec::with_capacity(n);
     let mut continued = false;
-    let mut acked = false;
+    let mut ack = QuickAck::default();
     loop {
         let Some(mut rbuf) = conn.rbuf.take() else {
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
@@ -871,13 +872,8 @@ pub(super) async fn collect_body(
         }
         rbuf.compact();
         rbuf.limit_next_read(n - body.len());
-        if !acked {
-            // The body did not come whole with its head (see `quickack`). Once per request.
-            if let Some(fd) = conn.stream.socket_fd() {
-                crate::net::sys::quickack(fd);
-            }
-            acked = true;
-        }
+        // The body did not come whole with its head (see `quickack`).
+        ack.before_wait(conn.stream.socket_fd());
         let deadline = w.now() + cg.gen.http.body_timeout;
         let (res, b) = pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await;
         conn.rbuf = Some(b);
@@ -1396,18 +1392,13 @@ async fn pump_request_body(
         BodyFraming::None | BodyFraming::UntilClose => return Ok(()),
     };
     let mut decoder = ChunkedDecoder::new();
-    let mut acked = false;
+    let mut ack = QuickAck::default();
     loop {
         let mut buf = rbuf.take().unwrap_or_else(|| w.pool.take());
         if buf.is_empty() {
-            if !acked {
-                // The body did not come whole with its head: the rest must not wait for a
-                // delayed ACK (see `quickack`). Once per request.
-                if let Some(fd) = client.socket_fd() {
-                    crate::net::sys::quickack(fd);
-                }
-                acked = true;
-            }
+            // The body did not come whole with its head: the rest must not wait for a
+            // delayed ACK (see `quickack`).
+            ack.before_wait(client.socket_fd());
             w.body_block(&mut buf);
             let spare = buf.spare();
             let mut limit = match framing {
@@ -1519,7 +1510,7 @@ async fn read_response_head(
     gone: Option<&ClientGone<'_>>,
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
-    let mut acked = false;
+    let mut ack = QuickAck::default();
     let mut interim = 0;
     // Bytes of `ubuf` already parsed as an incomplete head (0: none yet, parse at once): a
     // head that trickles in is parsed again only once a read completes a line (which may end
@@ -1569,10 +1560,9 @@ async fn read_response_head(
                 ));
             }
         }
-        if got_bytes && !acked {
+        if got_bytes {
             // The head came in pieces: the rest must not wait for a delayed ACK.
-            crate::net::sys::quickack(up_fd);
-            acked = true;
+            ack.before_wait(Some(up_fd));
         }
         let mut read = std::pin::pin!(async {
             match deadline {
@@ -1976,7 +1966,7 @@ impl RelayState {
     ) -> Result<usize, Error> {
         let send_timeout = cg.gen.http.send_timeout;
         let mut seg = WholeSegments::default();
-        let mut acked = false;
+        let mut ack = QuickAck::default();
         loop {
             if !ubuf.is_empty() {
                 // (bytes to write from the front, bytes to drop after them)
@@ -2011,12 +2001,9 @@ impl RelayState {
             if self.done(relay) {
                 return Ok(ubuf.len());
             }
-            if !acked {
-                // The body did not come whole with its head: the rest must not wait for a
-                // delayed ACK (see `quickack`). Once per response.
-                crate::net::sys::quickack(up_fd);
-                acked = true;
-            }
+            // The body did not come whole with its head: the rest must not wait for a
+            // delayed ACK (see `quickack`).
+            ack.before_wait(Some(up_fd));
             if client.takes_large_blocks() {
                 w.body_block(&mut ubuf);
             }

@@ -318,7 +318,7 @@ async fn pump_body<S: AsyncReadRent>(
         _ => 0,
     };
     let mut decoder = ChunkedDecoder::new();
-    let mut acked = false;
+    let mut ack = crate::net::sys::QuickAck::default();
     loop {
         let done = match framing {
             BodyFraming::Chunked => decoder.is_done(),
@@ -331,11 +331,8 @@ async fn pump_body<S: AsyncReadRent>(
             return Err(Error::new(ErrorKind::ClientClosed, Side::Downstream));
         };
         if buf.is_empty() {
-            if let Some(fd) = client_fd.filter(|_| !acked) {
-                // The rest of the body must not wait for a delayed ACK (`quickack`).
-                crate::net::sys::quickack(fd);
-            }
-            acked = true;
+            // The rest of the body must not wait for a delayed ACK (`quickack`).
+            ack.before_wait(client_fd);
             w.body_block(&mut buf);
             if framing != BodyFraming::Chunked {
                 buf.limit_next_read(remaining.min(usize::MAX as u64) as usize);

@@ -406,7 +406,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
     let mut head_deadline = first.then(|| conn.accepted + w.gen().http.header_timeout);
     // Leading bytes of the buffered data already known not to end a head.
     let mut scanned = 0;
-    let mut acked = false;
+    let mut ack = crate::net::sys::QuickAck::default();
     loop {
         // The generation in force, looked at again after each wait: an idle connection does
         // not keep an old one alive (nor its timeouts) after a reload.
@@ -469,13 +469,10 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
             }
         }
         let partial = !rbuf.is_empty();
-        if partial && !acked {
+        if partial {
             // The head came in pieces: the rest must not wait for a delayed ACK (see
-            // `quickack`). Once per head.
-            if let Some(fd) = conn.stream.socket_fd() {
-                crate::net::sys::quickack(fd);
-            }
-            acked = true;
+            // `quickack`).
+            ack.before_wait(conn.stream.socket_fd());
         }
         let idle_timeout = http.idle_timeout;
         drop(cg);

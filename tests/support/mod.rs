@@ -530,6 +530,18 @@ pub fn read_head_raw(s: &mut TcpStream) -> Vec<u8> {
     head
 }
 
+/// Asserts that no exchange of a keep-alive connection, timed in order, waited for a delayed
+/// ACK (Linux delays one by up to 40 ms). A new connection acknowledges at once anyway: the
+/// first two exchanges are not judged.
+pub fn assert_no_delayed_ack(times: &[Duration]) {
+    let slow = times
+        .iter()
+        .skip(2)
+        .filter(|t| **t >= Duration::from_millis(30))
+        .count();
+    assert_eq!(slow, 0, "exchanges slowed by a delayed ACK: {times:?}");
+}
+
 /// A port on which nothing listens (bound then released).
 pub fn closed_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
