@@ -131,7 +131,8 @@ pub struct EndpointState {
     pub ejected_until: AtomicU64,
     /// How many times it was ejected (the ejection time grows with it).
     pub ejections: AtomicU32,
-    /// When active health last brought it back (ms since the shared epoch; 0: never).
+    /// When active health last brought it back, or stopped vouching against it (a reload
+    /// removed the checks): ms since the shared epoch; 0: never.
     readmitted_ms: AtomicU64,
     /// Open connections across workers, for the per-endpoint connection limit.
     pub connections: AtomicU32,

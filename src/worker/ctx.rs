@@ -48,8 +48,8 @@ const RELEASE_AFTER_BYTES: usize = 1024 * 1024;
 /// freed. Large blocks (the pools', and pipes and buffers of 16 KiB and more) come from
 /// glibc's malloc, which keeps a thread's freed memory mapped unless it lies at the top of
 /// its heap: without this, the resident size after a burst (or an attack) stayed at its peak.
-/// `malloc_trim` walks the free chunks of every arena, about a millisecond at a few hundred
-/// MiB; it runs only after a trim that freed [`RELEASE_AFTER_BYTES`].
+/// `malloc_trim` walks the free chunks of every arena under its lock, so it runs only after
+/// a trim that freed [`RELEASE_AFTER_BYTES`], not every second.
 fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes the arenas' locks itself; it only unmaps free pages and
