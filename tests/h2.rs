@@ -660,6 +660,89 @@ fn a_client_that_grants_no_window_is_reset_after_the_send_timeout() {
     });
 }
 
+/// Reads frames from `s` until a DATA frame ends stream 1; the DATA bytes of stream 1. Between
+/// reads that find the socket drained, it pauses `pause` (a slow reader, not a stalled one).
+fn read_raw_h2c_body(s: &mut std::net::TcpStream, pause: Duration) -> usize {
+    use std::io::Read;
+    let mut all = Vec::new();
+    let (mut at, mut body) = (0, 0);
+    let mut buf = vec![0u8; 1 << 20];
+    s.set_nonblocking(true).unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        while at + 9 <= all.len() {
+            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
+            if at + 9 + len > all.len() {
+                break;
+            }
+            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
+            match (all[at + 3], stream) {
+                (0x0, 1) => {
+                    body += len;
+                    if all[at + 4] & 0x1 != 0 {
+                        return body;
+                    }
+                }
+                (0x3, 1) => panic!("stream reset after {body} bytes"),
+                _ => {}
+            }
+            at += 9 + len;
+        }
+        all.drain(..at);
+        at = 0;
+        match s.read(&mut buf) {
+            Ok(0) => panic!("connection closed after {body} bytes"),
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(started.elapsed() < Duration::from_secs(30), "{body} bytes");
+                std::thread::sleep(pause);
+            }
+            Err(e) => panic!("{e} after {body} bytes"),
+        }
+    }
+}
+
+#[test]
+fn a_client_that_stops_reading_loses_its_connection_after_the_send_timeout() {
+    use std::io::Read;
+    let origin = echo_origin();
+    let proxy = Proxy::to(
+        origin.addr,
+        "[http]\nsend_timeout = \"1s\"\nidle_timeout = \"60s\"\n",
+    );
+    // Responses far larger than the sockets' buffers, with every window open: only the socket
+    // holds them back. One client reads nothing; the other reads slowly, pausing 400 ms each
+    // time it has drained the socket.
+    let path = b"/big/33554432";
+    let mut stalled = raw_h2c_send_get_with(proxy.addr, path, true);
+    let mut slow = raw_h2c_send_get_with(proxy.addr, path, true);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        read_raw_h2c_body(&mut slow, Duration::from_millis(400)),
+        32 << 20
+    );
+    // The stalled client's connection was reset (not kept until `idle_timeout`): what it
+    // reads ends, with the rest of the body not there.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(started.elapsed()));
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    let end = loop {
+        match stalled.read(&mut buf) {
+            Ok(0) => break None,
+            Ok(n) => got += n,
+            Err(e) => break Some(e.kind()),
+        }
+    };
+    assert!(
+        matches!(end, None | Some(std::io::ErrorKind::ConnectionReset)),
+        "the connection is still open ({end:?}) after {got} bytes"
+    );
+    assert!(got < 32 << 20, "{got}");
+}
+
 #[test]
 fn empty_bodies_end_with_the_headers_and_bad_trailer_fields_are_dropped() {
     let origin = Origin::start(|r| match r.target.as_str() {
@@ -726,10 +809,26 @@ fn a_close_delimited_response_cut_short_is_reset_not_ended() {
 /// END_STREAM | END_HEADERS: GET, http, then literal fields with indexed names: `:path` and
 /// `:authority: a.example`); the stream, to read the answer from.
 fn raw_h2c_send_get(addr: SocketAddr, path: &[u8]) -> std::net::TcpStream {
+    raw_h2c_send_get_with(addr, path, false)
+}
+
+/// [`raw_h2c_send_get`], with `wide_open`: every window as wide as HTTP/2 allows (an
+/// `INITIAL_WINDOW_SIZE` setting and a connection WINDOW_UPDATE of 2^31 - 1), so that only
+/// the socket holds the response back.
+fn raw_h2c_send_get_with(addr: SocketAddr, path: &[u8], wide_open: bool) -> std::net::TcpStream {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    if wide_open {
+        let max = 0x7fff_ffffu32;
+        out.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x4]);
+        out.extend_from_slice(&max.to_be_bytes());
+        out.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&(max - 65_535).to_be_bytes());
+    } else {
+        out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    }
     let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
     block.extend_from_slice(path);
     block.extend_from_slice(&[0x01, 9]);

@@ -2,12 +2,127 @@
 //! poll-io TCP stream: cleartext with the bytes already read replayed first (h2c detected by
 //! its preface), and TLS continuing a session whose handshake ran on the rent-style adapter.
 
+use std::cell::Cell;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Since when a connection's socket has refused every write: its peer stopped reading (and
+/// the kernel's buffers are full). A write that moves any byte ends the stall.
+#[derive(Debug, Default)]
+pub struct WriteStall {
+    since: Cell<Option<Instant>>,
+}
+
+impl WriteStall {
+    /// Notes a write's outcome.
+    fn note(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending => {
+                if self.since.get().is_none() {
+                    self.since.set(Some(Instant::now()));
+                }
+            }
+            Poll::Ready(Ok(n)) if *n > 0 => self.since.set(None),
+            Poll::Ready(_) => {}
+        }
+    }
+
+    /// How long writes have been refused by `now` (zero while they are not).
+    pub fn stalled_for(&self, now: Instant) -> Duration {
+        self.since
+            .get()
+            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+}
+
+/// What a connection's task keeps of a transport it hands to the h2 crate.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    /// The socket's write stall.
+    pub stall: Rc<WriteStall>,
+    /// The socket (to reset it at its close).
+    pub fd: RawFd,
+}
+
+/// A transport for an HTTP/2 connection whose writes can be watched.
+pub trait Watched: AsyncRead + AsyncWrite + Unpin + 'static {
+    /// The transport's [`Watch`].
+    fn watch(&self) -> Watch;
+}
+
+/// A poll-style socket that notes its write stalls.
+#[derive(Debug)]
+struct Socket {
+    io: TcpStreamPoll,
+    stall: Rc<WriteStall>,
+}
+
+impl Socket {
+    fn new(io: TcpStreamPoll) -> Self {
+        Socket {
+            io,
+            stall: Rc::default(),
+        }
+    }
+
+    fn watch(&self) -> Watch {
+        Watch {
+            stall: self.stall.clone(),
+            fd: self.io.as_raw_fd(),
+        }
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.stall.note(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.stall.note(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 /// Bytes a connection holds for one write at most.
 const HOLD_MAX: usize = 64 * 1024;
@@ -51,7 +166,7 @@ impl Coalesce {
 pub struct Prefixed {
     prefix: Vec<u8>,
     pos: usize,
-    io: TcpStreamPoll,
+    io: Socket,
     /// Written bytes not yet sent.
     held: Vec<u8>,
     coalesce: Coalesce,
@@ -63,7 +178,7 @@ impl Prefixed {
         Prefixed {
             prefix,
             pos: 0,
-            io,
+            io: Socket::new(io),
             held: Vec::new(),
             coalesce: Coalesce::default(),
         }
@@ -113,6 +228,12 @@ impl Prefixed {
             }
         }
         Poll::Ready(Ok(len < HOLD_MAX))
+    }
+}
+
+impl Watched for Prefixed {
+    fn watch(&self) -> Watch {
+        self.io.watch()
     }
 }
 
@@ -206,7 +327,7 @@ impl AsyncWrite for Prefixed {
 
 /// A TLS session over a poll-style stream.
 pub struct PollTls {
-    io: TcpStreamPoll,
+    io: Socket,
     tls: rustls::Connection,
     /// Ciphertext read before the switch and not yet given to rustls.
     pending: Vec<u8>,
@@ -222,7 +343,7 @@ impl std::fmt::Debug for PollTls {
 
 /// `std::io` over a poll-style stream within one poll: `WouldBlock` when it is not ready.
 struct SyncIo<'a, 'b> {
-    io: &'a mut TcpStreamPoll,
+    io: &'a mut Socket,
     cx: &'a mut Context<'b>,
 }
 
@@ -265,7 +386,7 @@ impl PollTls {
     /// Continues `tls` (handshake done) over `io`; `pending` is ciphertext already read.
     pub fn new(io: TcpStreamPoll, tls: rustls::Connection, pending: Vec<u8>) -> Self {
         PollTls {
-            io,
+            io: Socket::new(io),
             tls,
             pending,
             eof: false,
@@ -311,6 +432,12 @@ impl PollTls {
             return Poll::Ready(Err(invalid(e)));
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+impl Watched for PollTls {
+    fn watch(&self) -> Watch {
+        self.io.watch()
     }
 }
 
@@ -465,6 +592,42 @@ mod tests {
             ));
             assert_eq!(io.held.as_ptr(), at, "no reallocation");
             assert_eq!(io.held.len(), 5 + 3 * frame);
+        });
+    }
+
+    #[test]
+    fn a_write_stall_lasts_from_the_first_refused_write_to_the_next_byte_written() {
+        on_a_connection(|mut io, mut peer| async move {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let watch = io.watch();
+            let mut io = Pin::new(&mut io);
+            let block = vec![7u8; HOLD_MAX];
+            let now = Instant::now;
+            // The peer reads nothing: writes go through until the kernel's buffers are full.
+            let mut written = 0;
+            while let Poll::Ready(r) = io.as_mut().poll_write(&mut cx, &block) {
+                written += r.unwrap();
+                assert_eq!(watch.stall.stalled_for(now()), Duration::ZERO);
+                assert!(written < 1 << 30, "the socket never filled");
+            }
+            monoio::time::sleep(Duration::from_millis(50)).await;
+            assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
+            // A refused write again does not restart the stall.
+            assert!(io.as_mut().poll_write(&mut cx, &block).is_pending());
+            assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
+            // Once the peer reads, a write moves bytes and the stall is over.
+            let mut tries = 0;
+            let moved = loop {
+                tries += 1;
+                assert!(tries < 250, "no write went through after the peer read");
+                let _ = available(&mut peer).await;
+                if let Poll::Ready(r) = io.as_mut().poll_write(&mut cx, &block) {
+                    break r.unwrap();
+                }
+                assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
+            };
+            assert!(moved > 0);
+            assert_eq!(watch.stall.stalled_for(now()), Duration::ZERO);
         });
     }
 

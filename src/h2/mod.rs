@@ -32,7 +32,6 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::RecvStream;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::bridge::Read;
 use crate::error::ErrorKind;
@@ -72,10 +71,8 @@ pub struct ConnInfo {
 }
 
 /// Serves one HTTP/2 connection until it closes.
-pub async fn serve<T>(w: Rc<Worker>, io: T, info: ConnInfo)
-where
-    T: AsyncRead + AsyncWrite + Unpin + 'static,
-{
+pub async fn serve<T: io::Watched>(w: Rc<Worker>, io: T, info: ConnInfo) {
+    let watch = io.watch();
     let gen = w.gen();
     let cfg = &gen.http2;
     let mut builder = h2::server::Builder::new();
@@ -101,6 +98,7 @@ where
     };
     add(&w.metrics().h2_connections, 1);
     let idle_timeout = gen.http.idle_timeout;
+    let send_timeout = gen.http.send_timeout;
     let max_streams = cfg.max_concurrent_streams as usize;
     drop(gen);
     let info = Rc::new(info);
@@ -164,8 +162,21 @@ where
             Next::Stream(None) => break,
             Next::Shutdown => {} // GOAWAY at the top of the loop
             Next::Check => {
-                // Idle: no stream open, and none opened or ended since the last check.
                 let now = w.now();
+                // A peer that takes no byte for `send_timeout` is not coming back for the
+                // rest: the connection ends (reset, so that the kernel drops what it still
+                // holds for it), as an HTTP/1.1 write would. (Its streams, waiting for room
+                // that never comes, were reset by then; an idle connection would close only
+                // after `idle_timeout`, and a client opening streams would keep it busy.)
+                if watch.stall.stalled_for(now) >= send_timeout {
+                    tracing::debug!(
+                        peer = %info.peer.addr,
+                        "HTTP/2 client read nothing for the send timeout; connection reset"
+                    );
+                    crate::net::sys::reset_on_close(watch.fd);
+                    break;
+                }
+                // Idle: no stream open, and none opened or ended since the last check.
                 let busy = streams.active.get() > 0 || streams.touched.replace(false);
                 if busy {
                     idle_since = now;
