@@ -73,36 +73,7 @@ struct TlsClient {
 
 impl TlsClient {
     fn connect(addr: SocketAddr, sni: &str) -> TlsClient {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let capture = Arc::new(Capture(Mutex::new(None), provider.clone()));
-        let mut config = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(capture.clone())
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let conn = ClientConnection::new(
-            Arc::new(config),
-            ServerName::try_from(sni.to_string()).unwrap(),
-        )
-        .unwrap();
-        let tcp = TcpStream::connect(addr).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut stream = StreamOwned::new(conn, tcp);
-        stream.flush().unwrap();
-        while stream.conn.is_handshaking() {
-            stream
-                .conn
-                .complete_io(&mut stream.sock)
-                .expect("handshake");
-        }
-        assert_eq!(
-            stream.conn.alpn_protocol(),
-            Some(&b"http/1.1"[..]),
-            "this client speaks HTTP/1.1 only"
-        );
-        let presented = capture.0.lock().unwrap().clone().unwrap();
+        let (stream, presented) = handshake(addr, sni, b"http/1.1");
         TlsClient {
             stream: BufReader::new(stream),
             presented,
@@ -116,6 +87,45 @@ impl TlsClient {
             .unwrap();
         read_response(&mut self.stream, false).expect("a response")
     }
+}
+
+/// A TLS connection to `addr` for `sni` that agreed on `alpn`, and the certificate presented.
+fn handshake(
+    addr: SocketAddr,
+    sni: &str,
+    alpn: &[u8],
+) -> (StreamOwned<ClientConnection, TcpStream>, Vec<u8>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let capture = Arc::new(Capture(Mutex::new(None), provider.clone()));
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(capture.clone())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let conn = ClientConnection::new(
+        Arc::new(config),
+        ServerName::try_from(sni.to_string()).unwrap(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut stream = StreamOwned::new(conn, tcp);
+    stream.flush().unwrap();
+    while stream.conn.is_handshaking() {
+        stream
+            .conn
+            .complete_io(&mut stream.sock)
+            .expect("handshake");
+    }
+    assert_eq!(
+        stream.conn.alpn_protocol(),
+        Some(alpn),
+        "the protocol asked for"
+    );
+    let presented = capture.0.lock().unwrap().clone().unwrap();
+    (stream, presented)
 }
 
 /// A TLS listener config: `default` for `default.test`, `a` for `a.test`, `b` for
@@ -358,6 +368,37 @@ fn an_upgrade_tunnels_over_tls() {
     drop(c); // a tunnel holds the drain until it ends (or shutdown_timeout)
     server.shutdown();
     server.join();
+}
+
+#[test]
+fn an_h2_client_that_stops_reading_loses_its_connection_after_the_send_timeout() {
+    let origin = Origin::start(|_| Reply::Full(200, vec![], pattern(32 << 20, 7)));
+    let dir = Dir::new("tls-h2-stall");
+    write_certs(&dir);
+    let text = tls_config(&dir, origin.addr, "").replace(
+        "[admin]",
+        "[http]\nsend_timeout = \"2s\"\nidle_timeout = \"60s\"\n[admin]",
+    );
+    let (_server, addr) = start(&dir, &text);
+    // A 32 MiB response, every window open, and a client that reads nothing of it.
+    let (mut stalled, _) = handshake(addr, "a.test", b"h2");
+    stalled
+        .write_all(&raw_h2_get(b"/big", b"a.test", true, true))
+        .unwrap();
+    stalled.flush().unwrap();
+    // Its connection is reset 2 to 4 s after its socket filled (checked once a second), not
+    // kept until `idle_timeout`: what it reads then ends in the reset.
+    stalled
+        .sock
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let (got, end) = read_to_end_after(&mut stalled, Duration::from_secs(6));
+    assert_eq!(
+        end,
+        Some(std::io::ErrorKind::ConnectionReset),
+        "not reset, after {got} bytes"
+    );
+    assert!(got < 32 << 20, "{got}");
 }
 
 #[test]

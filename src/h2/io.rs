@@ -13,10 +13,16 @@ use std::time::{Duration, Instant};
 use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Since when a connection's socket has refused every write: its peer stopped reading (and
-/// the kernel's buffers are full). A write that moves any byte ends the stall.
+/// Whether a connection's socket refuses every write: its peer stopped reading (and the
+/// kernel's buffers are full). A write that moves any byte ends the stall. Writes only set
+/// flags; the connection's periodic check dates the stall with the worker's clock.
 #[derive(Debug, Default)]
 pub struct WriteStall {
+    /// The last write was refused.
+    refused: Cell<bool>,
+    /// A write moved bytes since the last check.
+    moved: Cell<bool>,
+    /// The first check that saw the current stall.
     since: Cell<Option<Instant>>,
 }
 
@@ -24,21 +30,27 @@ impl WriteStall {
     /// Notes a write's outcome.
     fn note(&self, r: &Poll<io::Result<usize>>) {
         match r {
-            Poll::Pending => {
-                if self.since.get().is_none() {
-                    self.since.set(Some(Instant::now()));
-                }
+            Poll::Pending => self.refused.set(true),
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                self.refused.set(false);
+                self.moved.set(true);
             }
-            Poll::Ready(Ok(n)) if *n > 0 => self.since.set(None),
             Poll::Ready(_) => {}
         }
     }
 
-    /// How long writes have been refused by `now` (zero while they are not).
-    pub fn stalled_for(&self, now: Instant) -> Duration {
-        self.since
-            .get()
-            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    /// For the connection's periodic check, at `now`: how long its checks have seen every
+    /// write refused, with no byte moved between them (zero when one moved or none is
+    /// refused). A stall is dated by the first check that sees it: this falls short of the
+    /// stall's length by up to the checks' period.
+    pub fn check(&self, now: Instant) -> Duration {
+        if self.moved.replace(false) || !self.refused.get() {
+            self.since.set(None);
+            return Duration::ZERO;
+        }
+        let since = self.since.get().unwrap_or(now);
+        self.since.set(Some(since));
+        now.saturating_duration_since(since)
     }
 }
 
@@ -47,7 +59,7 @@ impl WriteStall {
 pub struct Watch {
     /// The socket's write stall.
     pub stall: Rc<WriteStall>,
-    /// The socket (to reset it at its close).
+    /// The socket (to reset it at its close), open while the transport lives.
     pub fd: RawFd,
 }
 
@@ -596,38 +608,47 @@ mod tests {
     }
 
     #[test]
-    fn a_write_stall_lasts_from_the_first_refused_write_to_the_next_byte_written() {
+    fn a_write_stall_lasts_while_writes_are_refused_and_no_byte_moves() {
         on_a_connection(|mut io, mut peer| async move {
             let mut cx = Context::from_waker(std::task::Waker::noop());
-            let watch = io.watch();
+            let stall = io.watch().stall;
             let mut io = Pin::new(&mut io);
             let block = vec![7u8; HOLD_MAX];
-            let now = Instant::now;
+            let t0 = Instant::now();
+            let at = |ms| t0 + Duration::from_millis(ms);
             // The peer reads nothing: writes go through until the kernel's buffers are full.
             let mut written = 0;
             while let Poll::Ready(r) = io.as_mut().poll_write(&mut cx, &block) {
                 written += r.unwrap();
-                assert_eq!(watch.stall.stalled_for(now()), Duration::ZERO);
                 assert!(written < 1 << 30, "the socket never filled");
             }
-            monoio::time::sleep(Duration::from_millis(50)).await;
-            assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
-            // A refused write again does not restart the stall.
+            // Bytes moved since the last check: no stall yet. Then one, dated by the first
+            // check that sees it, lasting while writes are refused.
+            assert_eq!(stall.check(at(0)), Duration::ZERO);
+            assert_eq!(stall.check(at(500)), Duration::ZERO);
+            assert_eq!(stall.check(at(1500)), Duration::from_millis(1000));
             assert!(io.as_mut().poll_write(&mut cx, &block).is_pending());
-            assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
-            // Once the peer reads, a write moves bytes and the stall is over.
+            assert_eq!(stall.check(at(2500)), Duration::from_millis(2000));
+            // Once the peer reads, a write moves bytes: the stall is over, even when the next
+            // write is refused again before the next check.
             let mut tries = 0;
-            let moved = loop {
+            loop {
                 tries += 1;
                 assert!(tries < 250, "no write went through after the peer read");
                 let _ = available(&mut peer).await;
                 if let Poll::Ready(r) = io.as_mut().poll_write(&mut cx, &block) {
-                    break r.unwrap();
+                    assert!(r.unwrap() > 0);
+                    break;
                 }
-                assert!(watch.stall.stalled_for(now()) >= Duration::from_millis(50));
-            };
-            assert!(moved > 0);
-            assert_eq!(watch.stall.stalled_for(now()), Duration::ZERO);
+            }
+            while io.as_mut().poll_write(&mut cx, &block).is_ready() {}
+            assert_eq!(stall.check(at(3000)), Duration::ZERO);
+            assert_eq!(
+                stall.check(at(3500)),
+                Duration::ZERO,
+                "a new stall, first seen"
+            );
+            assert_eq!(stall.check(at(4000)), Duration::from_millis(500));
         });
     }
 

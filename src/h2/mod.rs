@@ -163,15 +163,16 @@ pub async fn serve<T: io::Watched>(w: Rc<Worker>, io: T, info: ConnInfo) {
             Next::Shutdown => {} // GOAWAY at the top of the loop
             Next::Check => {
                 let now = w.now();
-                // A peer that takes no byte for `send_timeout` is not coming back for the
-                // rest: the connection ends (reset, so that the kernel drops what it still
-                // holds for it), as an HTTP/1.1 write would. (Its streams, waiting for room
-                // that never comes, were reset by then; an idle connection would close only
-                // after `idle_timeout`, and a client opening streams would keep it busy.)
-                if watch.stall.stalled_for(now) >= send_timeout {
+                // A peer whose socket accepts no byte for `send_timeout` is not coming back
+                // for the rest: the connection ends (reset, so that the kernel drops what it
+                // still holds for it), as an HTTP/1.1 write would. (Its streams, waiting for
+                // room that never comes, are reset at about the same time; an idle
+                // connection would close only after `idle_timeout`, and a client opening
+                // streams would keep it busy.)
+                if watch.stall.check(now) >= send_timeout {
                     tracing::debug!(
                         peer = %info.peer.addr,
-                        "HTTP/2 client read nothing for the send timeout; connection reset"
+                        "HTTP/2 client's socket accepted nothing for the send timeout; reset"
                     );
                     crate::net::sys::reset_on_close(watch.fd);
                     break;

@@ -700,3 +700,44 @@ where
     });
     addr
 }
+
+/// The bytes an HTTP/2 client sends to open a connection and GET `path` on stream 1: the
+/// preface, SETTINGS, then HEADERS with END_STREAM | END_HEADERS (GET, `:scheme` https when
+/// `tls`, else http, then literal fields with indexed names: `:path`, `:authority`).
+/// `wide_open`: every window as wide as HTTP/2 allows (an `INITIAL_WINDOW_SIZE` setting and a
+/// connection WINDOW_UPDATE of 2^31 - 1), so that only the socket holds the response back.
+pub fn raw_h2_get(path: &[u8], authority: &[u8], tls: bool, wide_open: bool) -> Vec<u8> {
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    if wide_open {
+        let max = 0x7fff_ffffu32;
+        out.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x4]);
+        out.extend_from_slice(&max.to_be_bytes());
+        out.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&(max - 65_535).to_be_bytes());
+    } else {
+        out.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    }
+    let scheme = if tls { 0x87 } else { 0x86 };
+    let mut block = vec![0x82, scheme, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x01, authority.len() as u8]);
+    block.extend_from_slice(authority);
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    out
+}
+
+/// Reads `s` to its end after `wait`: the bytes read, and how the reading ended (`None`: end
+/// of stream, else the error's kind).
+pub fn read_to_end_after(s: &mut impl Read, wait: Duration) -> (usize, Option<std::io::ErrorKind>) {
+    std::thread::sleep(wait);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, None),
+            Ok(n) => got += n,
+            Err(e) => return (got, Some(e.kind())),
+        }
+    }
+}
