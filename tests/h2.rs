@@ -660,6 +660,16 @@ fn a_client_that_grants_no_window_is_reset_after_the_send_timeout() {
     });
 }
 
+/// The whole frame at the front of `bytes`: (type, flags, stream id, payload); `None` while
+/// part of it has yet to arrive.
+fn frame(bytes: &[u8]) -> Option<(u8, u8, u32, &[u8])> {
+    let head = bytes.get(..9)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let payload = bytes.get(9..9 + len)?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], stream, payload))
+}
+
 /// Reads frames from `s` until a DATA frame ends stream 1; the DATA bytes of stream 1. Between
 /// reads that find the socket drained, it pauses `pause` (a slow reader, not a stalled one).
 fn read_raw_h2c_body(s: &mut std::net::TcpStream, pause: Duration) -> usize {
@@ -670,23 +680,18 @@ fn read_raw_h2c_body(s: &mut std::net::TcpStream, pause: Duration) -> usize {
     s.set_nonblocking(true).unwrap();
     let started = std::time::Instant::now();
     loop {
-        while at + 9 <= all.len() {
-            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
-            if at + 9 + len > all.len() {
-                break;
-            }
-            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
-            match (all[at + 3], stream) {
+        while let Some((kind, flags, stream, payload)) = frame(&all[at..]) {
+            at += 9 + payload.len();
+            match (kind, stream) {
                 (0x0, 1) => {
-                    body += len;
-                    if all[at + 4] & 0x1 != 0 {
+                    body += payload.len();
+                    if flags & 0x1 != 0 {
                         return body;
                     }
                 }
                 (0x3, 1) => panic!("stream reset after {body} bytes"),
                 _ => {}
             }
-            at += 9 + len;
         }
         all.drain(..at);
         at = 0;
@@ -827,14 +832,8 @@ fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
     let mut buf = [0u8; 4096];
     loop {
         let mut at = 0;
-        while at + 9 <= all.len() {
-            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
-            if at + 9 + len > all.len() {
-                break;
-            }
-            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
-            let payload = &all[at + 9..at + 9 + len];
-            match all[at + 3] {
+        while let Some((kind, _, stream, payload)) = frame(&all[at..]) {
+            match kind {
                 0x1 if stream == 1 => return Ok(payload[0]),
                 0x3 if stream == 1 => {
                     return Err(u32::from_be_bytes([
@@ -843,7 +842,7 @@ fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
                 }
                 _ => {}
             }
-            at += 9 + len;
+            at += 9 + payload.len();
         }
         match s.read(&mut buf) {
             Ok(0) | Err(_) => panic!("no response: {all:?}"),
@@ -987,13 +986,8 @@ fn raw_h2c_frames(addr: SocketAddr, path: &[u8]) -> Vec<(u8, u8, usize)> {
     let mut at = 0;
     let mut buf = [0u8; 4096];
     loop {
-        while at + 9 <= all.len() {
-            let len = u32::from_be_bytes([0, all[at], all[at + 1], all[at + 2]]) as usize;
-            if at + 9 + len > all.len() {
-                break;
-            }
-            let stream = u32::from_be_bytes([all[at + 5], all[at + 6], all[at + 7], all[at + 8]]);
-            let (kind, flags) = (all[at + 3], all[at + 4]);
+        while let Some((kind, flags, stream, payload)) = frame(&all[at..]) {
+            let len = payload.len();
             at += 9 + len;
             if stream == 1 {
                 frames.push((kind, flags, len));
