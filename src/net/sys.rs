@@ -1,6 +1,15 @@
 //! The raw syscalls ringway makes itself, each behind a safe function.
 
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
+
+use socket2::SockRef;
+
+/// `fd`, borrowed for one socket option (socket2's `SockRef` on it does not close it).
+fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: every caller passes a socket it owns and keeps open for the call, and the
+    // borrow does not outlive the call (it is dropped at the end of the caller's statement).
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
 
 /// Whether an idle connection still looks usable: no EOF, no error and no unsolicited bytes
 /// waiting. One non-blocking `recv(MSG_PEEK)`; used before sending a request that could not be
@@ -30,41 +39,15 @@ pub fn idle_socket_usable(fd: RawFd) -> bool {
 /// a client that a response it already started was cut short, which a close-delimited or
 /// dechunked body could not otherwise show.
 pub fn reset_on_close(fd: RawFd) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `linger` is a valid, initialized struct of the size passed; `fd` is an open
-    // socket owned by the caller.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    let _ = SockRef::from(&borrow(fd)).set_linger(Some(std::time::Duration::ZERO));
 }
 
 /// The largest TCP payload `fd` currently puts in one segment (`TCP_MAXSEG`: the path's MSS
 /// less the options each segment carries); `None` when the call fails or reads below TCP's
 /// minimum of 536 bytes (then nothing is worth aligning to it).
 pub fn segment_size(fd: RawFd) -> Option<usize> {
-    let mut mss: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `mss` and `len` are valid, writable and of the sizes passed; `fd` is an open
-    // socket owned by the caller.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            (&mut mss as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && mss >= 536).then_some(mss as usize)
+    let mss = SockRef::from(&borrow(fd)).mss().ok()?;
+    (mss >= 536).then_some(mss as usize)
 }
 
 /// Acknowledges at once what `fd` received, and what it receives next until ringway writes on
@@ -76,18 +59,7 @@ pub fn segment_size(fd: RawFd) -> Option<usize> {
 /// data. A head and a body written apart then arrive 40 ms apart. One `setsockopt`; errors
 /// are ignored (the socket is closed, or not TCP: nothing to hurry).
 pub fn quickack(fd: RawFd) {
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a valid `c_int` for the size passed; `fd` is an open socket owned by
-    // the caller.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_QUICKACK,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = SockRef::from(&borrow(fd)).set_quickack(true);
 }
 
 /// [`quickack`] at most once per message: a reader waiting for the rest of a message calls
