@@ -584,6 +584,170 @@ mod tests {
         assert_eq!(get("x"), Vec::<u32>::new());
     }
 
+    /// Capture spans, as `Params` holds them.
+    type Spans = Vec<(u16, u16)>;
+
+    /// What a template makes of `path` by the rules alone: `None` when it does not match,
+    /// else its capture spans. The path's segments are what follows its leading `/`, split
+    /// on `/`; a parameter is one non-empty segment, a rest is everything from the start of
+    /// its segment on (so `/a/{*r}` needs the `/` after `a`).
+    fn reference_match(t: &Template, path: &[u8]) -> Option<Spans> {
+        let body = path.strip_prefix(b"/")?;
+        let mut segs = Vec::new();
+        let mut start = 1;
+        for s in body.split(|&b| b == b'/') {
+            segs.push((start, start + s.len()));
+            start += s.len() + 1;
+        }
+        let mut spans = Vec::new();
+        for (i, seg) in t.segments.iter().enumerate() {
+            if let Segment::Rest = seg {
+                let &(s, _) = segs.get(i)?;
+                spans.push((s as u16, path.len() as u16));
+                return Some(spans);
+            }
+            let &(s, e) = segs.get(i)?;
+            match seg {
+                Segment::Literal(l) if **l == path[s..e] => {}
+                Segment::Param if e > s => spans.push((s as u16, e as u16)),
+                _ => return None,
+            }
+        }
+        (segs.len() == t.segments.len()).then_some(spans)
+    }
+
+    /// A template's precedence: position by position, a literal before a parameter before a
+    /// rest.
+    fn specificity(t: &Template) -> Vec<u8> {
+        t.segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(_) => 0,
+                Segment::Param => 1,
+                Segment::Rest => 2,
+            })
+            .collect()
+    }
+
+    fn template_source() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let seg = prop_oneof![Just("a"), Just("b"), Just("ab"), Just(""), Just("{p}")];
+        (
+            proptest::collection::vec(seg, 0..4),
+            proptest::bool::ANY,
+            proptest::bool::ANY,
+        )
+            .prop_map(|(segs, rest, param)| {
+                let mut n = 0;
+                let mut out: Vec<String> = segs
+                    .iter()
+                    .map(|s| {
+                        if *s == "{p}" {
+                            n += 1;
+                            format!("{{p{n}}}")
+                        } else {
+                            s.to_string()
+                        }
+                    })
+                    .collect();
+                if rest {
+                    out.push("{*r}".into());
+                } else if param || n == 0 {
+                    out.push("{q}".into());
+                }
+                format!("/{}", out.join("/"))
+            })
+    }
+
+    fn path_source() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let seg = prop_oneof![
+            Just("a"),
+            Just("b"),
+            Just("ab"),
+            Just(""),
+            Just("x"),
+            Just("ba")
+        ];
+        (
+            proptest::collection::vec(seg, 0..6),
+            proptest::bool::weighted(0.95),
+        )
+            .prop_map(|(segs, rooted)| {
+                let p = segs.join("/");
+                if rooted {
+                    format!("/{p}")
+                } else {
+                    p
+                }
+            })
+    }
+
+    proptest::proptest! {
+        /// The trie finds exactly the templates the rules match, most specific first (equal
+        /// templates in the order they were added), with the same captures.
+        #[test]
+        fn the_template_trie_agrees_with_the_rules(
+            sources in proptest::collection::vec(template_source(), 1..8),
+            paths in proptest::collection::vec(path_source(), 1..16),
+        ) {
+            let ts: Vec<Template> = sources.iter().map(|s| Template::parse(s).unwrap()).collect();
+            let mut trie = TemplateTrie::default();
+            for (i, t) in ts.iter().enumerate() {
+                trie.insert(t, i as u32);
+            }
+            for path in &paths {
+                let path = path.as_bytes();
+                let mut expected: Vec<(Vec<u8>, usize, Spans)> = ts
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| Some((specificity(t), i, reference_match(t, path)?)))
+                    .collect();
+                expected.sort();
+                let mut out = Vec::new();
+                trie.matches(path, &mut out);
+                let found: Vec<(usize, Spans)> = out
+                    .iter()
+                    .map(|h| (h.route as usize, h.params.spans[..h.params.len()].to_vec()))
+                    .collect();
+                let expected: Vec<(usize, Spans)> =
+                    expected.into_iter().map(|(_, i, spans)| (i, spans)).collect();
+                proptest::prop_assert_eq!(
+                    found, expected, "path {:?}", String::from_utf8_lossy(path)
+                );
+                let orders: Vec<u32> = out.iter().map(|h| h.order).collect();
+                proptest::prop_assert_eq!(orders, (0..out.len() as u32).collect::<Vec<_>>());
+            }
+        }
+
+        /// The prefix trie finds every prefix the path starts with, longest first (equal
+        /// prefixes in the order they were added).
+        #[test]
+        fn the_prefix_trie_agrees_with_starts_with(
+            prefixes in proptest::collection::vec("/[ab/]{0,5}", 1..10),
+            paths in proptest::collection::vec("/?[ab/x]{0,7}", 1..16),
+        ) {
+            let mut trie = PrefixTrie::default();
+            for (i, p) in prefixes.iter().enumerate() {
+                trie.insert(p.as_bytes(), i as u32);
+            }
+            for path in &paths {
+                let mut expected: Vec<(std::cmp::Reverse<usize>, usize)> = prefixes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| path.starts_with(p.as_str()))
+                    .map(|(i, p)| (std::cmp::Reverse(p.len()), i))
+                    .collect();
+                expected.sort();
+                let mut out = Vec::new();
+                trie.matches(path.as_bytes(), &mut out);
+                let found: Vec<u32> = out.iter().map(|h| h.route).collect();
+                let expected: Vec<u32> = expected.iter().map(|&(_, i)| i as u32).collect();
+                proptest::prop_assert_eq!(found, expected, "path {:?}", path);
+            }
+        }
+    }
+
     #[test]
     fn regex_group_reports_every_full_match() {
         let g = RegexGroup::new(&[
