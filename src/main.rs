@@ -190,7 +190,13 @@ unsafe fn allocate(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
 unsafe impl GlobalAlloc for Allocator {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         // SAFETY: the caller's guarantee of a non-zero size, passed on.
-        unsafe { allocate(layout, false) }
+        let block = unsafe { allocate(layout, false) };
+        #[cfg(feature = "footprint")]
+        // SAFETY: `block` is null or a fresh block of `layout.size()` bytes.
+        unsafe {
+            ringway::worker::runtime::footprint::mark(block, layout.size())
+        };
+        block
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {

@@ -221,6 +221,8 @@ impl<F: std::future::Future> std::future::Future for Isolated<F> {
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
             Ok(std::task::Poll::Ready(_)) => {
+                #[cfg(feature = "footprint")]
+                footprint::count(&**fut);
                 self.0 = None;
                 std::task::Poll::Ready(())
             }
@@ -237,6 +239,122 @@ impl<F: std::future::Future> std::future::Future for Isolated<F> {
                 std::task::Poll::Ready(())
             }
         }
+    }
+}
+
+/// What a task's run writes of its future (the `footprint` feature, a diagnostic build; see
+/// `loadtest/footprint.sh`). A stream's future is 7-8 KiB; with hundreds of streams in
+/// flight, the lines each one writes are what stays out of the caches between its polls.
+#[cfg(feature = "footprint")]
+pub mod footprint {
+    use std::cell::RefCell;
+
+    /// What a fresh block in the measured range is filled with.
+    const MARK: u8 = 0xA5;
+
+    /// The block sizes measured: task futures (a stream's, a connection's), not I/O blocks.
+    const SIZES: std::ops::Range<usize> = 4096..16384;
+
+    /// Fills a fresh block of `size` bytes in the measured range with [`MARK`].
+    ///
+    /// # Safety
+    /// `block` is null or points to `size` writable bytes.
+    pub unsafe fn mark(block: *mut u8, size: usize) {
+        if !block.is_null() && SIZES.contains(&size) {
+            // SAFETY: the caller's guarantee.
+            unsafe { std::ptr::write_bytes(block, MARK, size) };
+        }
+    }
+
+    /// Per future type: tasks ended, their written lines and bytes summed, and per line how
+    /// many tasks wrote it.
+    struct Tally {
+        name: &'static str,
+        size: usize,
+        tasks: u64,
+        lines: u64,
+        bytes: u64,
+        per_line: Vec<u64>,
+    }
+
+    /// A worker's tallies, printed to stderr when its thread ends (ringway stopped).
+    struct Tallies(RefCell<Vec<Tally>>);
+
+    impl Drop for Tallies {
+        fn drop(&mut self) {
+            for t in self.0.borrow().iter() {
+                let n = t.tasks.max(1);
+                let map: String = t
+                    .per_line
+                    .iter()
+                    .map(|&w| match w * 4 / n {
+                        _ if w == 0 => '.',
+                        0 => ',',
+                        1..=2 => '+',
+                        _ => '#',
+                    })
+                    .collect();
+                eprintln!(
+                    "footprint: {}: {} bytes, {} lines; written per task: {:.1} lines, {} bytes \
+                     ({} tasks)\nfootprint map: {map}",
+                    t.name,
+                    t.size,
+                    t.size.div_ceil(64),
+                    t.lines as f64 / n as f64,
+                    t.bytes / n,
+                    t.tasks,
+                );
+            }
+        }
+    }
+
+    thread_local! {
+        static TALLIES: Tallies = const { Tallies(RefCell::new(Vec::new())) };
+    }
+
+    /// Counts what an ended task wrote of its future `fut` (heap-allocated through the global
+    /// allocator, so marked if its size is in range).
+    pub fn count<F>(fut: &F) {
+        let size = std::mem::size_of::<F>();
+        if !SIZES.contains(&size) {
+            return;
+        }
+        let base = std::hint::black_box(fut as *const F).cast::<u8>();
+        // Volatile reads, byte by byte: some of these bytes are padding or state no variant
+        // in use holds (the marker, or what a former variant left), which the program never
+        // reads; the compiler must not assume anything about them here.
+        let bytes: Vec<u8> = (0..size)
+            // SAFETY: `i < size`, inside the future's own allocation.
+            .map(|i| unsafe { std::ptr::read_volatile(base.add(i)) })
+            .collect();
+        let name = std::any::type_name::<F>();
+        TALLIES.with(|t| {
+            let mut t = t.0.borrow_mut();
+            let i = match t.iter().position(|x| x.name == name) {
+                Some(i) => i,
+                None => {
+                    t.push(Tally {
+                        name,
+                        size,
+                        tasks: 0,
+                        lines: 0,
+                        bytes: 0,
+                        per_line: vec![0; size.div_ceil(64)],
+                    });
+                    t.len() - 1
+                }
+            };
+            let tally = &mut t[i];
+            tally.tasks += 1;
+            for (line, chunk) in bytes.chunks(64).enumerate() {
+                let written = chunk.iter().filter(|&&b| b != MARK).count() as u64;
+                if written > 0 {
+                    tally.lines += 1;
+                    tally.bytes += written;
+                    tally.per_line[line] += 1;
+                }
+            }
+        });
     }
 }
 
