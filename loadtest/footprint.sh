@@ -56,22 +56,7 @@ fi
 (cd "$SRC" && CARGO_TARGET_DIR="$ROOT/target/footprint" cargo build --release --features footprint -q)
 BIN=$ROOT/target/footprint/release/ringway
 
-cat >"$WORK/ringway.toml" <<TOML
-workers = 1
-log_level = "warn"
-
-[[listeners]]
-address = "127.0.0.1:$PORT"
-
-[[upstreams]]
-name = "origin"
-endpoints = ["127.0.0.1:$ORIGIN_PORT"]
-pool_max_idle = 1024
-
-[[routes]]
-path_prefix = "/"
-proxy = "origin"
-TOML
+ringway_config "$PORT" "$ORIGIN_PORT" >"$WORK/ringway.toml"
 
 target/release/examples/origin "127.0.0.1:$ORIGIN_PORT" >/dev/null 2>&1 &
 pids+=($!)

@@ -70,22 +70,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$WORK/ringway.toml" <<EOF
-workers = 1
-log_level = "warn"
-
-[[listeners]]
-address = "127.0.0.1:$PORT"
-
-[[upstreams]]
-name = "origin"
-endpoints = ["127.0.0.1:$ORIGIN_PORT"]
-pool_max_idle = 1024
-
-[[routes]]
-path_prefix = "/"
-proxy = "origin"
-EOF
+ringway_config "$PORT" "$ORIGIN_PORT" >"$WORK/ringway.toml"
 
 # One process each, in the foreground: callgrind counts the process it started.
 cat >"$WORK/nginx.conf" <<EOF
