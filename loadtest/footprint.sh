@@ -5,15 +5,15 @@
 #   loadtest/footprint.sh [--requests N] [COMMIT]
 #
 # Builds ringway with the `footprint` feature (into target/footprint; COMMIT, when given, from
-# a worktree of that commit), starts the project's origin, and runs three loads, each against
-# a ringway of its own: h2c GET (16 connections x 10 streams, N requests, default 40,000), h2c
-# POST of a small body, and HTTP/1.1 GET (16 keep-alive connections for 3 s). When each
-# ringway stops, it prints per future type the lines its tasks wrote (the mean over every task
-# of the type) and a map of the future's lines: `#` written by at least three tasks in four,
-# `+` by a quarter to three quarters, `,` by fewer, `.` by none. Deterministic to within a
-# line for a given build and load: a measure for changes to the futures' layout, where timed
-# runs are noise. The marker fill costs a memset per 4-16 KiB allocation: never time this
-# build.
+# a worktree of that commit, which must have the feature: e26fbe1 or later), starts the
+# project's origin, and runs three loads, each against a ringway of its own: h2c GET (16
+# connections x 10 streams, N requests, default 40,000), h2c POST of a small body, and HTTP/1.1
+# GET (16 keep-alive connections for 3 s). When each ringway stops, it prints per future type
+# the lines its tasks wrote (the mean over every task of the type) and a map of the future's
+# lines: `#` written by at least three tasks in four, `+` by a quarter to three quarters, `,`
+# by fewer, `.` by none. Deterministic to within a line for a given build and load: a measure
+# for changes to the futures' layout, where timed runs are noise. The marker fill costs a
+# memset per 4-16 KiB allocation: never time this build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source loadtest/lib.sh
@@ -22,7 +22,7 @@ N=40000
 while [ $# -gt 0 ]; do
     case $1 in
         --requests) N=$2; shift 2 ;;
-        -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,18p "$0"; exit 0 ;;
         *) break ;;
     esac
 done
@@ -53,7 +53,8 @@ if [ -n "$COMMIT" ]; then
     git worktree add -q --detach "$WORK/src" "$COMMIT"
     SRC=$WORK/src
 fi
-(cd "$SRC" && CARGO_TARGET_DIR="$ROOT/target/footprint" cargo build --release --features footprint -q)
+(cd "$SRC" && CARGO_TARGET_DIR="$ROOT/target/footprint" \
+    cargo build --release --features footprint -q)
 BIN=$ROOT/target/footprint/release/ringway
 
 ringway_config "$PORT" "$ORIGIN_PORT" >"$WORK/ringway.toml"
@@ -77,8 +78,12 @@ phase() {
     wait "$pid" 2>/dev/null || true
     echo "== $name"
     awk '/^footprint: / { key = $0; sub(/: [0-9]+ bytes.*/, "", key); head[key] = $0; next }
-         /^footprint map: / { map[key] = $0; if (!(key in seen)) { seen[key] = 1; order[++n] = key } }
-         END { for (i = 1; i <= n; i++) print head[order[i]] "\n" map[order[i]] }' "$WORK/ringway.err"
+         /^footprint map: / {
+             map[key] = $0
+             if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+         }
+         END { for (i = 1; i <= n; i++) print head[order[i]] "\n" map[order[i]] }' \
+        "$WORK/ringway.err"
 }
 
 echo "footprint of ${COMMIT:-the working tree}"
