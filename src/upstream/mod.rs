@@ -509,21 +509,37 @@ impl UpstreamRt {
         replayable: bool,
         now: Instant,
     ) -> Result<UpConn, ConnectError> {
-        let stats = self.shared.stats(self.worker);
         if !force_new {
-            let mut idle = ep.idle.borrow_mut();
-            while let Some((mut conn, idle_for)) = idle.pop(now, self.cfg.pool_idle_timeout) {
-                let unchecked = replayable && idle_for < UNCHECKED_IDLE && !conn.check_before_reuse;
-                if unchecked || conn.idle_usable() {
-                    conn.unchecked = unchecked;
-                    add(&stats.pool_hits, 1);
-                    return Ok(conn);
-                }
+            if let Some(conn) = self.take_idle(ep, replayable, now) {
+                return Ok(conn);
             }
         }
         if !ep.state.open_connection(self.cfg.max_connections) {
             return Err(ConnectError::Busy);
         }
+        // Boxed: a connect's state (the TCP connect and a TLS handshake, about 3 KiB) would
+        // otherwise be part of every request's state, where a pooled connection, the common
+        // case, leaves it unused; one allocation per new connection instead.
+        Box::pin(self.open(ep)).await
+    }
+
+    /// A usable pooled connection to `ep`, if there is one (see [`Self::connect`]).
+    fn take_idle(&self, ep: &EndpointRt, replayable: bool, now: Instant) -> Option<UpConn> {
+        let mut idle = ep.idle.borrow_mut();
+        while let Some((mut conn, idle_for)) = idle.pop(now, self.cfg.pool_idle_timeout) {
+            let unchecked = replayable && idle_for < UNCHECKED_IDLE && !conn.check_before_reuse;
+            if unchecked || conn.idle_usable() {
+                conn.unchecked = unchecked;
+                add(&self.shared.stats(self.worker).pool_hits, 1);
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// A new connection to `ep`, whose slot under the connection limit is taken already.
+    async fn open(&self, ep: &EndpointRt) -> Result<UpConn, ConnectError> {
+        let stats = self.shared.stats(self.worker);
         // The slot now belongs to the connection: `UpConn` gives it back when dropped; a
         // failed connect gives it back here.
         add(&stats.pool_misses, 1);
