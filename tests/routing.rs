@@ -237,6 +237,13 @@ fn options_asterisk_is_never_routed_even_by_a_catch_all_regex() {
         (r.status, r.error_code().as_deref()),
         (404, Some("no_route"))
     );
+    // The same request in absolute form (RFC 9112 §3.2.4: an empty path there is `*`).
+    c.send(b"OPTIONS http://x HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.read_response(false).expect("an answer");
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (404, Some("no_route"))
+    );
     assert_eq!(c.get("/any").text(), "routed", "the regex serves paths");
     assert_eq!(origin.requests().len(), 1);
 }

@@ -181,6 +181,18 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// The path the request is routed and forwarded by: an absolute-form target without one
+    /// stands for `/`, or for `*` with OPTIONS and no query (RFC 9112 §3.2.4).
+    pub fn routed_path<'a>(&self, src: &'a [u8]) -> &'a [u8] {
+        match (self.form, self.path.len) {
+            (TargetForm::Absolute, 0) if self.method == Method::Options && self.query.len == 0 => {
+                b"*"
+            }
+            (TargetForm::Absolute, 0) => b"/",
+            _ => self.path.get(src),
+        }
+    }
+
     /// The protocols of the Upgrade fields that may be forwarded (all but `h2c`).
     pub fn upgrade_protocols<'a>(&'a self, src: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
         upgrade_protocols(&self.headers, src)
@@ -589,7 +601,11 @@ fn parse_target(
                 .position(|&b| b == b'/' || b == b'?')
                 .unwrap_or(rest.len());
             let authority = &rest[..end];
-            if authority.is_empty() || authority.contains(&b'@') || !valid_host(authority) {
+            // An empty host is invalid in an http(s) URI (RFC 9110 §4.2.1): `http://:80/`.
+            if split_host_port(authority).0.is_empty()
+                || authority.contains(&b'@')
+                || !valid_host(authority)
+            {
                 return Err(ParseError::Malformed("invalid authority in request target"));
             }
             head.form = TargetForm::Absolute;
@@ -1040,6 +1056,8 @@ mod tests {
             b"GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
             b"GET * HTTP/1.1\r\nHost: a\r\n\r\n",
             b"GET http://u@h/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET http://:80/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET http:///a HTTP/1.1\r\nHost: a\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nConnection: clo se\r\n\r\n",
         ];
         for c in cases {
@@ -1151,6 +1169,29 @@ mod tests {
         let h = parsed(req);
         assert_eq!(h.path.len, 0);
         assert_eq!(h.host.get(req), b"a.b");
+        assert_eq!(h.routed_path(req), b"/");
+    }
+
+    #[test]
+    fn an_absolute_target_without_a_path_routes_as_slash_or_asterisk() {
+        for (req, path) in [
+            (
+                &b"OPTIONS http://a.b HTTP/1.1\r\nHost: a.b\r\n\r\n"[..],
+                &b"*"[..],
+            ),
+            (b"OPTIONS http://a.b?x HTTP/1.1\r\nHost: a.b\r\n\r\n", b"/"),
+            (b"OPTIONS http://a.b/ HTTP/1.1\r\nHost: a.b\r\n\r\n", b"/"),
+            (b"OPTIONS * HTTP/1.1\r\nHost: a.b\r\n\r\n", b"*"),
+            (b"HEAD http://a.b HTTP/1.1\r\nHost: a.b\r\n\r\n", b"/"),
+            (b"GET /x HTTP/1.1\r\nHost: a.b\r\n\r\n", b"/x"),
+        ] {
+            assert_eq!(
+                parsed(req).routed_path(req),
+                path,
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
     }
 
     #[test]

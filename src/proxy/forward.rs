@@ -35,7 +35,6 @@ use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
 use crate::http1::encode::ForwardedFor;
-use crate::http1::head::TargetForm;
 use crate::http1::{
     filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
@@ -1163,10 +1162,7 @@ pub(super) fn rewrite_target<'s>(
     params: &Params,
 ) -> &'s [u8] {
     let head = &conn.head;
-    let path = match (head.form, head.path.len) {
-        (TargetForm::Absolute, 0) => &b"/"[..],
-        _ => head.path.get(src),
-    };
+    let path = head.routed_path(src);
     let crate::worker::ctx::Scratch { text, captures, .. } = scratch;
     rewrite_path(
         &action.rewrite,

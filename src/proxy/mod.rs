@@ -28,7 +28,6 @@ use monoio::net::TcpStream;
 
 use crate::buf::Block;
 use crate::error::ErrorKind;
-use crate::http1::head::TargetForm;
 use crate::http1::{
     check_partial, may_complete_head, parse_request, request_from_parts, BodyFraming,
     ChunkedDecoder, HeaderKind, Method, RequestHead, ResponseHead, Version,
@@ -644,10 +643,7 @@ async fn dispatch_on(
         grpc,
         grpc_deadline,
     };
-    let path = match (head.form, head.path.len) {
-        (TargetForm::Absolute, 0) => &b"/"[..],
-        _ => head.path.get(src),
-    };
+    let path = head.routed_path(src);
     let head_len = head.len;
 
     if let Some(endpoint) = reserved::match_path(path).filter(|_| cg.gen.http.reserved_paths) {
