@@ -11,7 +11,7 @@ use super::is_tchar;
 
 /// Longest chunk-size line we accept, extensions included.
 pub const MAX_CHUNK_LINE_BYTES: usize = 4096;
-/// Most hex digits in a chunk size (16 digits fill a u64; leading zeros count too).
+/// Most hex digits in a chunk size after its leading zeros (16 digits fill a u64).
 pub const MAX_CHUNK_SIZE_DIGITS: usize = 16;
 /// Most bytes of trailer section, final empty line included.
 pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
@@ -22,7 +22,13 @@ pub fn parse_content_length(value: &[u8]) -> Option<u64> {
     let mut result: Option<u64> = None;
     for element in value.split(|&b| b == b',') {
         let element = super::trim_ows(element);
-        if element.is_empty() || element.len() > 19 || !element.iter().all(u8::is_ascii_digit) {
+        if element.is_empty() || !element.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        // Leading zeros are allowed in any number (`1*DIGIT`); what follows them is bounded.
+        let zeros = element.iter().take_while(|&&d| d == b'0').count();
+        let element = &element[zeros..];
+        if element.len() > 19 {
             return None;
         }
         let n = element.iter().try_fold(0u64, |acc, &d| {
@@ -39,7 +45,7 @@ pub fn parse_content_length(value: &[u8]) -> Option<u64> {
 /// Why a chunked body is invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkedError {
-    /// A chunk size that is not 1–16 hex digits.
+    /// A chunk size that is not hex digits, at most 16 after leading zeros.
     InvalidSize,
     /// A chunk-size line (with extensions) longer than [`MAX_CHUNK_LINE_BYTES`].
     LineTooLong,
@@ -193,7 +199,10 @@ impl ChunkedDecoder {
                 State::SizeStart | State::Size => {
                     self.line += 1;
                     if let Some(d) = hex_value(b) {
-                        self.digits += 1;
+                        // Leading zeros do not count (the line's length bounds them).
+                        if self.size != 0 || d != 0 {
+                            self.digits += 1;
+                        }
                         if self.digits > MAX_CHUNK_SIZE_DIGITS {
                             return Err(ChunkedError::InvalidSize);
                         }
@@ -466,6 +475,9 @@ mod tests {
     fn content_length_values() {
         assert_eq!(parse_content_length(b"0"), Some(0));
         assert_eq!(parse_content_length(b"0012"), Some(12));
+        assert_eq!(parse_content_length(b"00000000000000000000000005"), Some(5));
+        assert_eq!(parse_content_length(b"0000000000000000000000"), Some(0));
+        assert_eq!(parse_content_length(b"00099999999999999999999"), None);
         assert_eq!(parse_content_length(b"7, 7 ,7"), Some(7));
         assert_eq!(parse_content_length(b"7, 8"), None);
         assert_eq!(parse_content_length(b""), None);
@@ -623,5 +635,21 @@ mod tests {
         assert_eq!(d.step(b"FFFFFFFFFFFFFFFF\r\n"), Ok(Step::Framing(18)));
         assert_eq!(d.step(&[0u8; 100]), Ok(Step::Data(100)));
         assert_eq!(d.data_total(), 100);
+        // Any number of leading zeros; at most 16 digits after them.
+        assert_eq!(
+            decode_all(b"00000000000000000000000001\r\nx\r\n0\r\n\r\n", 1),
+            Ok(Some((b"x".to_vec(), 36)))
+        );
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(
+            d.step(b"00000000000000000000000000000000000000000"),
+            Ok(Step::Framing(41))
+        );
+        assert_eq!(d.step(b"FFFFFFFFFFFFFFFF\r\n"), Ok(Step::Framing(18)));
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(
+            d.step(b"01FFFFFFFFFFFFFFFF\r\n"),
+            Err(ChunkedError::InvalidSize)
+        );
     }
 }
