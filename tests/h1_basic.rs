@@ -637,6 +637,35 @@ fn chunk_extensions_are_not_relayed_either_way() {
 }
 
 #[test]
+fn relayed_trailers_keep_only_fields_a_trailer_may_carry() {
+    let addr = raw_origin(move |mut s| {
+        let _ = read_head_raw(&mut s);
+        // The trailer section comes in two writes, split inside a field line.
+        for (i, part) in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\
+               X-Sum: 1\r\nContent-Le"[..],
+            b"ngth: 999\r\nHost: evil\r\nTransfer-Encoding: gzip\r\nX-Tail: 2\r\n\r\n",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if i > 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = std::io::Write::write_all(&mut s, part);
+        }
+    });
+    let proxy = Proxy::to(addr, "");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(
+        back.ends_with("\r\n\r\n4\r\nbody\r\n0\r\nX-Sum: 1\r\nX-Tail: 2\r\n\r\n"),
+        "{back}"
+    );
+}
+
+#[test]
 fn configured_204_has_no_length_and_keeps_the_connection() {
     let proxy = Proxy::start("[[routes]]\npath_prefix = \"/\"\nrespond = { status = 204 }\n");
     let mut c = proxy.connect();

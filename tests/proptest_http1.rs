@@ -134,7 +134,10 @@ proptest! {
         for (n, v) in &trailers {
             let line = format!("{n}: {}\r\n", v.trim());
             encoded.extend_from_slice(line.as_bytes());
-            framed.extend_from_slice(line.as_bytes());
+            // A relay keeps the fields a trailer may carry.
+            if ringway::http1::HeaderKind::classify(n.as_bytes()).fits_a_trailer() {
+                framed.extend_from_slice(line.as_bytes());
+            }
         }
         encoded.extend_from_slice(b"\r\n");
         framed.extend_from_slice(b"\r\n");
@@ -147,11 +150,18 @@ proptest! {
             let mut dec = ChunkedDecoder::new();
             let mut out = Vec::new();
             let mut start = 0;
+            let mut left = Vec::new();
             for end in cuts.iter().copied().chain([encoded.len()]) {
-                let mut piece = encoded[start..end].to_vec();
+                // What a call left unconsumed (the start of a trailer field line, `Framed`
+                // only) comes again before the next piece.
+                let mut piece = std::mem::take(&mut left);
+                piece.extend_from_slice(&encoded[start..end]);
                 let (kept, consumed) = filter_in_place(&mut dec, &mut piece, keep).unwrap();
-                prop_assert_eq!(consumed, piece.len());
+                if keep != Keep::Framed || dec.is_done() {
+                    prop_assert_eq!(consumed, piece.len());
+                }
                 out.extend_from_slice(&piece[..kept]);
+                left = piece[consumed..].to_vec();
                 start = end;
             }
             prop_assert!(dec.is_done());

@@ -311,6 +311,11 @@ impl ChunkedDecoder {
 
     /// What `next`, fed in the current state, belongs to. (A byte invalid where it stands
     /// may land in any run: the step it would end fails first.)
+    /// Whether `next` starts a trailer field line.
+    fn at_field_line(&self, next: u8) -> bool {
+        self.state == State::TrailerStart && next != b'\r'
+    }
+
     fn run_of(&self, next: u8) -> Run {
         match self.state {
             State::TrailerName | State::TrailerValue | State::TrailerLf => Run::Trailer,
@@ -341,7 +346,11 @@ impl ChunkedDecoder {
 /// What [`filter_in_place`] keeps of a chunked stream. Chunk extensions are never kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
-    /// Data, framing and trailer fields.
+    /// Data, framing, and the trailer fields a trailer section may carry on: none that is
+    /// connection-specific, frames or routes a message
+    /// ([`super::HeaderKind::fits_a_trailer`]). A trailer field line is kept or dropped by
+    /// its name, so it is taken only whole: [`filter_in_place`] stops before a line whose
+    /// end is not in its input yet.
     Framed,
     /// Data and framing, no trailer fields (the final empty line stays).
     NoTrailers,
@@ -364,7 +373,9 @@ impl Keep {
 
 /// Decodes the front of `data` (up to the end of the body), moving the bytes `keep` keeps down
 /// over the others, in place. Returns (kept bytes, now at the front; input bytes consumed).
-/// Nothing moves while everything so far was kept.
+/// Nothing moves while everything so far was kept. With [`Keep::Framed`], bytes can be left
+/// unconsumed before the body's end: the start of a trailer field line, to be given again
+/// with what follows it.
 pub fn filter_in_place(
     decoder: &mut ChunkedDecoder,
     data: &mut [u8],
@@ -372,15 +383,35 @@ pub fn filter_in_place(
 ) -> Result<(usize, usize), ChunkedError> {
     let (mut read, mut written) = (0, 0);
     while read < data.len() && !decoder.is_done() {
-        let step = decoder.step(&data[read..])?;
-        let n = step.bytes();
-        if keep.keeps(step) {
-            if written != read {
-                data.copy_within(read..read + n, written);
+        let (end, kept) = if keep == Keep::Framed && decoder.at_field_line(data[read]) {
+            let Some(lf) = data[read..].iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let line = &data[read..read + lf];
+            let name = line
+                .iter()
+                .position(|&b| b == b':')
+                .map_or(line, |c| &line[..c]);
+            let fits = super::HeaderKind::classify(name).fits_a_trailer();
+            (read + lf + 1, fits)
+        } else {
+            (data.len(), true)
+        };
+        // (A field line is stepped through to its end, however many steps that takes.)
+        loop {
+            let step = decoder.step(&data[read..end])?;
+            let n = step.bytes();
+            if kept && keep.keeps(step) {
+                if written != read {
+                    data.copy_within(read..read + n, written);
+                }
+                written += n;
             }
-            written += n;
+            read += n;
+            if end == data.len() || read == end {
+                break;
+            }
         }
-        read += n;
     }
     Ok((written, read))
 }
@@ -576,22 +607,59 @@ mod tests {
             (Keep::DataOnly, b"abcde"),
         ] {
             for cut in 0..body.len() {
-                let mut dec = ChunkedDecoder::new();
-                let mut out = Vec::new();
-                let mut consumed_total = 0;
-                for part in [&body[..cut], &body[cut..]] {
-                    let mut buf = part.to_vec();
-                    let (kept, consumed) = filter_in_place(&mut dec, &mut buf, keep).unwrap();
-                    out.extend_from_slice(&buf[..kept]);
-                    consumed_total += consumed;
-                    if dec.is_done() {
-                        break;
-                    }
-                }
+                let (out, consumed) = filter_in_two(body, cut, keep);
                 assert_eq!(out, want, "{keep:?} cut {cut}");
-                assert_eq!(consumed_total, body.len() - 4, "{keep:?} cut {cut}");
+                assert_eq!(consumed, body.len() - 4, "{keep:?} cut {cut}");
             }
         }
+    }
+
+    /// Filters `body` given in two reads split at `cut`, as a relay does: what a call leaves
+    /// unconsumed comes again before the next read's bytes. (kept bytes, bytes consumed)
+    fn filter_in_two(body: &[u8], cut: usize, keep: Keep) -> (Vec<u8>, usize) {
+        let mut dec = ChunkedDecoder::new();
+        let (mut out, mut left, mut consumed_total) = (Vec::new(), Vec::new(), 0);
+        for part in [&body[..cut], &body[cut..]] {
+            let mut buf = std::mem::take(&mut left);
+            buf.extend_from_slice(part);
+            let (kept, consumed) = filter_in_place(&mut dec, &mut buf, keep).unwrap();
+            out.extend_from_slice(&buf[..kept]);
+            consumed_total += consumed;
+            if dec.is_done() {
+                break;
+            }
+            left = buf[consumed..].to_vec();
+        }
+        assert!(dec.is_done(), "cut {cut}");
+        (out, consumed_total)
+    }
+
+    #[test]
+    fn relayed_trailers_keep_only_fields_a_trailer_may_carry_at_every_split() {
+        let body = b"1\r\na\r\n0\r\nContent-Length: 999\r\nX-Sum: 1\r\nTransfer-Encoding: gzip\r\n\
+            Host: evil\r\nconnection: close\r\nGrpc-Status: 0\r\nkeep-alive: 1\r\n\r\n";
+        for cut in 0..body.len() {
+            let (out, consumed) = filter_in_two(body, cut, Keep::Framed);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                "1\r\na\r\n0\r\nX-Sum: 1\r\nGrpc-Status: 0\r\n\r\n",
+                "cut {cut}"
+            );
+            assert_eq!(consumed, body.len(), "cut {cut}");
+        }
+        // A field line whose end has not come is left unconsumed, the decoder where it was.
+        let mut dec = ChunkedDecoder::new();
+        let mut buf = b"0\r\nX-Sum: 1\r\nX-Pa".to_vec();
+        assert_eq!(
+            filter_in_place(&mut dec, &mut buf, Keep::Framed),
+            Ok((13, 13))
+        );
+        let mut buf = b"X-Partial: 2\r\n\r\n".to_vec();
+        assert_eq!(
+            filter_in_place(&mut dec, &mut buf, Keep::Framed),
+            Ok((16, 16))
+        );
+        assert!(dec.is_done());
     }
 
     #[test]
@@ -602,11 +670,14 @@ mod tests {
             let mut out = Vec::new();
             for part in [&body[..cut], &body[cut..]] {
                 let mut buf = part.to_vec();
-                let (kept, consumed) = filter_in_place(&mut dec, &mut buf, Keep::Framed).unwrap();
+                let (kept, consumed) =
+                    filter_in_place(&mut dec, &mut buf, Keep::NoTrailers).unwrap();
                 assert_eq!(consumed, part.len(), "cut {cut}");
                 out.extend_from_slice(&buf[..kept]);
             }
             assert!(dec.is_done());
+            assert_eq!(out, b"5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n", "cut {cut}");
+            let (out, _) = filter_in_two(body, cut, Keep::Framed);
             assert_eq!(
                 out, b"5\r\nhello\r\n1\r\n!\r\n0\r\nT: 1\r\n\r\n",
                 "cut {cut}"

@@ -1997,6 +1997,15 @@ impl RelayState {
             if self.done(relay) {
                 return Ok(ubuf.len());
             }
+            if !ubuf.is_empty() {
+                // The start of a trailer field line, taken only whole (`Keep::Framed`): the
+                // next read goes after it, and a line longer than a block is refused.
+                ubuf.compact();
+                if ubuf.spare() == 0 {
+                    return Err(Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
+                        .with_cause("a trailer field line longer than a buffer block"));
+                }
+            }
             // The body did not come whole with its head: the rest must not wait for a
             // delayed ACK (see `quickack`).
             ack.before_wait(Some(up_fd));
