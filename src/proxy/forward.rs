@@ -1870,11 +1870,13 @@ async fn relay_response(
                     FailureClass::MidBody
                 }
             });
+            // The response is cut short: reset the client connection (an HTTP/2 client's
+            // stream) rather than close it, so that even a close-delimited body cannot pass
+            // for complete. Whichever side failed: a write to a client that reads too slowly
+            // times out with the client still there.
+            conn.stream.abort();
+            conn.aborted = true;
             if e.side() == Side::Upstream {
-                // The response is cut short: reset the client connection rather than close it,
-                // so that even a close-delimited body cannot pass for complete.
-                conn.stream.abort();
-                conn.aborted = true;
                 tracing::warn!(
                     request_id = ?info.rid.as_str(),
                     upstream = up_name,
