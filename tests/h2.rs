@@ -491,6 +491,41 @@ fn get(
     c.send_request(req.body(()).unwrap(), !open).unwrap()
 }
 
+/// `send_timeout` bounds a stall, not a whole write: a reader slower than a block per
+/// `send_timeout` but never stopping gets the whole body.
+#[test]
+fn a_slow_but_steady_reader_is_not_cut_by_the_send_timeout() {
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "[http]\nsend_timeout = \"500ms\"\n");
+    rt().block_on(async {
+        let mut b = h2::client::Builder::new();
+        b.initial_window_size(4096)
+            .initial_connection_window_size(65_535);
+        let c = h2c_with(proxy.addr, b).await;
+        let req = http::Request::builder()
+            .uri("http://x/big/196608")
+            .body(())
+            .unwrap();
+        let started = std::time::Instant::now();
+        let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let mut got = Vec::new();
+        // About 80 KiB/s: a 64 KiB block takes 0.8 s to leave, longer than the timeout.
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("no reset: the reader never stalls");
+            got.extend_from_slice(&chunk);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        assert_eq!(fnv(&got), fnv(&pattern(196_608, 42)));
+        let took = started.elapsed();
+        assert!(
+            took > Duration::from_millis(1500),
+            "slower than the timeout: {took:?}"
+        );
+    });
+}
+
 #[test]
 fn reset_streams_free_their_slots_when_their_exchanges_are_cancelled() {
     let origin = Origin::start(|r| {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::gone::{unless_gone, ClientGone};
 use super::io::{
-    race, read_by, write_all_by, write_front_by, write_static_by, Either, WholeSegments,
+    race, read_by, write_all_by, write_front_by, write_static_by, Either, Stall, WholeSegments,
 };
 use super::tunnel::Tunnel;
 use super::{respond, ClientConn, ReqInfo};
@@ -988,8 +988,8 @@ async fn exchange(
             }
         }
 
-        let deadline = w.now() + cg.gen.http.send_timeout;
-        let (res, buf) = pin!(write_all_by(&mut upc.write, ubuf, deadline, &w.pool)).await;
+        let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
+        let (res, buf) = pin!(write_all_by(&mut upc.write, ubuf, stall, &w.pool)).await;
         let mut ubuf = buf;
         if let Err(e) = res {
             let err = Error::upstream_io(e);
@@ -1015,7 +1015,7 @@ async fn exchange(
                 w,
                 &mut upc,
                 rest,
-                deadline,
+                stall,
                 ubuf,
                 &mut conn.resp,
                 info.method,
@@ -1103,7 +1103,7 @@ async fn send_rest_and_read_head(
     w: &Worker,
     upc: &mut UpConn,
     rest: &[u8],
-    deadline: Instant,
+    stall: Stall,
     ubuf: Block,
     resp: &mut ResponseHead,
     method: Method,
@@ -1112,7 +1112,7 @@ async fn send_rest_and_read_head(
 ) -> (Result<Block, HeadError>, bool) {
     let fd = upc.fd();
     let UpConn { read, write, .. } = upc;
-    let mut send = std::pin::pin!(write_bytes(w, write, rest, deadline));
+    let mut send = std::pin::pin!(write_bytes(w, write, rest, stall));
     let mut head = std::pin::pin!(read_response_head(
         w, read, fd, ubuf, resp, method, None, gone
     ));
@@ -1139,14 +1139,14 @@ async fn write_bytes(
     w: &Worker,
     up: &mut WriteHalf,
     mut bytes: &[u8],
-    deadline: Instant,
+    stall: Stall,
 ) -> stdio::Result<()> {
     while !bytes.is_empty() {
         let mut b = w.body_pool.take();
         let n = bytes.len().min(b.spare());
         let _ = b.put(&bytes[..n]);
         bytes = &bytes[n..];
-        let (res, _) = pin!(write_all_by(up, b, deadline, &w.body_pool)).await;
+        let (res, _) = pin!(write_all_by(up, b, stall, &w.body_pool)).await;
         res?;
     }
     Ok(())
@@ -1452,8 +1452,8 @@ async fn pump_request_body(
             *rbuf = Some(buf);
             return Err(Error::new(ErrorKind::BodyTooLarge, Side::Downstream));
         }
-        let deadline = w.now() + http.send_timeout;
-        let (res, mut b) = pin!(write_front_by(up, buf, n, deadline, &w.pool)).await;
+        let stall = Stall::new(w.now(), http.send_timeout);
+        let (res, mut b) = pin!(write_front_by(up, buf, n, stall, &w.pool)).await;
         if let Err(e) = res {
             *rbuf = Some(b);
             return Err(Error::upstream_io(e));
@@ -1662,10 +1662,10 @@ async fn switch_protocols(
     // Tunnel bytes that came with the 101 go right behind it (as many as fit; the rest
     // first thing in the tunnel).
     out.put_from(&mut ubuf);
-    let deadline = w.now() + cg.gen.http.send_timeout;
+    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
     let len = out.len() as u64;
     w.metrics().response(101);
-    let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
+    let (res, _) = pin!(write_all_by(&mut conn.stream, out, stall, &w.pool)).await;
     if res.is_err() {
         conn.log.client_left();
         return Relayed {
@@ -1802,11 +1802,11 @@ async fn relay_response(
         };
         sent = v.put_head(crate::h2::bridge::HeadStart { head, body });
     }
-    let deadline = w.now() + cg.gen.http.send_timeout;
+    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
     let len = out.len() as u64;
     w.metrics().response(status);
     if sent.is_ok() && !out.is_empty() {
-        sent = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool))
+        sent = pin!(write_all_by(&mut conn.stream, out, stall, &w.pool))
             .await
             .0;
     }
@@ -1987,8 +1987,8 @@ impl RelayState {
                     Relay::UntilClose => (ubuf.len(), 0),
                 };
                 if n > 0 {
-                    let deadline = w.now() + send_timeout;
-                    let (res, b) = pin!(write_front_by(client, ubuf, n, deadline, &w.pool)).await;
+                    let stall = Stall::to_client(client, w.now(), send_timeout);
+                    let (res, b) = pin!(write_front_by(client, ubuf, n, stall, &w.pool)).await;
                     ubuf = b;
                     res.map_err(Error::client_io)?;
                     add(&w.metrics().bytes_out, n as u64);

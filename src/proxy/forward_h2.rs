@@ -25,7 +25,7 @@ use super::forward::{
     BodyPlan, Retry, RetrySlot, SlotWait, Ticket, Waited, MAX_INTERIM_RESPONSES,
 };
 use super::gone::{unless_gone, ClientGone};
-use super::io::{race, read_by, write_all_by, Either};
+use super::io::{race, read_by, write_all_by, Either, Stall};
 use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::{Error, ErrorKind, Side};
@@ -1012,9 +1012,9 @@ async fn relay(
         conn.linger = !body_read;
     }
     w.metrics().response(status);
-    let deadline = w.now() + cg.gen.http.send_timeout;
+    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
     let len = out.len() as u64;
-    let (res, _) = pin!(write_all_by(&mut conn.stream, out, deadline, &w.pool)).await;
+    let (res, _) = pin!(write_all_by(&mut conn.stream, out, stall, &w.pool)).await;
     if res.is_err() {
         return client_left(conn);
     }
@@ -1118,8 +1118,8 @@ async fn relay(
                     .with_cause("trailers too large"),
             );
         }
-        let deadline = w.now() + cg.gen.http.send_timeout;
-        let (res, _) = pin!(write_all_by(&mut conn.stream, end, deadline, &w.pool)).await;
+        let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
+        let (res, _) = pin!(write_all_by(&mut conn.stream, end, stall, &w.pool)).await;
         if res.is_err() {
             return client_left(conn);
         }
@@ -1141,7 +1141,7 @@ async fn write_piece(
     data: &[u8],
     chunked: bool,
 ) -> Result<(), ()> {
-    let deadline = w.now() + cg.gen.http.send_timeout;
+    let stall = Stall::to_client(&conn.stream, w.now(), cg.gen.http.send_timeout);
     let mut rest = data;
     let mut first = true;
     while !rest.is_empty() || first {
@@ -1159,7 +1159,7 @@ async fn write_piece(
             let _ = b.put(b"\r\n");
         }
         let len = b.len() as u64;
-        let (res, _) = pin!(write_all_by(&mut conn.stream, b, deadline, &w.body_pool)).await;
+        let (res, _) = pin!(write_all_by(&mut conn.stream, b, stall, &w.body_pool)).await;
         res.map_err(|_| ())?;
         add(&w.metrics().bytes_out, len);
         conn.log.sent += len;
@@ -1206,8 +1206,8 @@ async fn grpc_end(
     if written.is_err() {
         return cut_short(w, conn, info, e);
     }
-    let deadline = w.now() + cg.gen.http.send_timeout;
-    let _ = pin!(write_all_by(&mut conn.stream, end, deadline, &w.pool)).await;
+    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
+    let _ = pin!(write_all_by(&mut conn.stream, end, stall, &w.pool)).await;
     (false, class)
 }
 

@@ -12,12 +12,13 @@ use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monoio::buf::IoBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use crate::buf::{Block, BufPool};
+use crate::net::client::ClientStream;
 use crate::worker::ctx::BODY_BLOCK_BYTES;
 use crate::worker::deadline::within;
 
@@ -40,12 +41,57 @@ pub async fn read_by<S: AsyncReadRent>(
     }
 }
 
-/// Writes the first `n` unconsumed bytes of `buf` before `deadline`, then consumes them.
+/// How long a write may stall: a deadline that each write making progress pushes back by the
+/// whole timeout again. A peer that reads slowly but steadily is never cut; one that stops
+/// reading is, `timeout` after its last byte was taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Stall {
+    deadline: Instant,
+    /// `None`: no bound of its own (see [`Stall::to_client`]); `deadline` is then far off.
+    timeout: Option<Duration>,
+}
+
+impl Stall {
+    /// A stall bound of `timeout`, counted from `now`.
+    pub fn new(now: Instant, timeout: Duration) -> Self {
+        Stall {
+            deadline: now + timeout,
+            timeout: Some(timeout),
+        }
+    }
+
+    /// The bound for writes of a response body to `client`: `timeout`, except for an HTTP/2
+    /// stream, whose own side bounds the client's stalls (it resets the stream when the
+    /// client withholds window for `send_timeout`, and the writes here then fail). Its
+    /// bridge takes bytes in blocks, each as the client's window lets the previous one go: a
+    /// slow reader's progress shows here only block by block.
+    pub fn to_client(client: &ClientStream, now: Instant, timeout: Duration) -> Self {
+        match client {
+            ClientStream::Virtual(_) => Stall {
+                // (A year: a plain deadline keeps the write's future as small as a bounded
+                // one's; the wheel takes any instant.)
+                deadline: now + Duration::from_secs(365 * 24 * 3600),
+                timeout: None,
+            },
+            _ => Stall::new(now, timeout),
+        }
+    }
+
+    /// Some bytes went: the bound starts again.
+    fn progressed(&mut self) {
+        if let Some(timeout) = self.timeout {
+            self.deadline = Instant::now() + timeout;
+        }
+    }
+}
+
+/// Writes the first `n` unconsumed bytes of `buf`, each write within `stall`, then consumes
+/// them.
 pub async fn write_front_by<S: AsyncWriteRent>(
     stream: &mut S,
     mut buf: Block,
     n: usize,
-    deadline: Instant,
+    mut stall: Stall,
     pool: &BufPool,
 ) -> (io::Result<()>, Block) {
     let n = n.min(buf.len());
@@ -54,13 +100,19 @@ pub async fn write_front_by<S: AsyncWriteRent>(
     // in every timed write, whose first poll copies its arguments.)
     while written < n {
         let write = pin!(stream.write(buf.slice(written..n)));
-        let Some((res, slice)) = pin!(within(deadline, write)).await else {
+        let Some((res, slice)) = pin!(within(stall.deadline, write)).await else {
             return (Err(timed_out()), pool.take());
         };
         buf = slice.into_inner();
         match res {
             Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
-            Ok(k) => written += k,
+            Ok(k) => {
+                written += k;
+                if written < n {
+                    // (A clock read only when a write was partial: not the common case.)
+                    stall.progressed();
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return (Err(e), buf),
         }
@@ -69,17 +121,18 @@ pub async fn write_front_by<S: AsyncWriteRent>(
     (Ok(()), buf)
 }
 
-/// Writes every unconsumed byte of `buf` before `deadline`; `buf` comes back empty on success.
+/// Writes every unconsumed byte of `buf`, each write within `stall`; `buf` comes back empty on
+/// success.
 /// ([`write_front_by`]'s future itself: a layer of its own around it would copy the
 /// arguments once more.)
 pub fn write_all_by<'a, S: AsyncWriteRent>(
     stream: &'a mut S,
     buf: Block,
-    deadline: Instant,
+    stall: Stall,
     pool: &'a BufPool,
 ) -> impl Future<Output = (io::Result<()>, Block)> + 'a {
     let n = buf.len();
-    write_front_by(stream, buf, n, deadline, pool)
+    write_front_by(stream, buf, n, stall, pool)
 }
 
 /// Writes a static byte string before `deadline`.
@@ -154,6 +207,79 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Takes `take` bytes per write, each write after `pause`; `take` 0: never returns.
+    struct Trickle {
+        pause: Duration,
+        take: usize,
+    }
+
+    impl AsyncWriteRent for Trickle {
+        async fn write<T: IoBuf>(&mut self, buf: T) -> monoio::BufResult<usize, T> {
+            if self.take == 0 {
+                std::future::pending::<()>().await;
+            }
+            monoio::time::sleep(self.pause).await;
+            (Ok(self.take.min(buf.bytes_init())), buf)
+        }
+
+        async fn writev<T: monoio::buf::IoVecBuf>(
+            &mut self,
+            buf: T,
+        ) -> monoio::BufResult<usize, T> {
+            (Ok(0), buf)
+        }
+
+        async fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+
+        async fn shutdown(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_is_bounded_by_its_stall_not_by_its_length() {
+        crate::worker::deadline::reset_thread();
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = BufPool::new(64);
+            let bytes = |pool: &BufPool| {
+                let mut b = pool.take();
+                let _ = b.put(&[7; 10]);
+                b
+            };
+            let timeout = Duration::from_millis(60);
+            // A byte every 25 ms: 250 ms in all, never 60 ms without progress.
+            let mut slow = Trickle {
+                pause: Duration::from_millis(25),
+                take: 1,
+            };
+            let start = Instant::now();
+            let stall = Stall::new(start, timeout);
+            let (res, buf) = write_all_by(&mut slow, bytes(&pool), stall, &pool).await;
+            assert!(res.is_ok() && buf.is_empty(), "{res:?}");
+            assert!(start.elapsed() >= Duration::from_millis(250));
+            // No progress: the write ends at the timeout.
+            let mut stuck = Trickle {
+                pause: Duration::ZERO,
+                take: 0,
+            };
+            let start = Instant::now();
+            let stall = Stall::new(start, timeout);
+            let (res, _) = write_all_by(&mut stuck, bytes(&pool), stall, &pool).await;
+            assert_eq!(res.map_err(|e| e.kind()), Err(io::ErrorKind::TimedOut));
+            let took = start.elapsed();
+            assert!(
+                took >= timeout && took < Duration::from_millis(1000),
+                "{took:?}"
+            );
+        });
+    }
 
     #[test]
     fn within_lets_a_future_finish_and_bounds_one_that_waits() {

@@ -1,7 +1,7 @@
 //! Responses ringway writes itself: the JSON error envelope, configured `respond` actions and
 //! the reserved endpoints. The only place an error becomes bytes on the wire.
 
-use super::io::write_all_by;
+use super::io::{write_all_by, Stall};
 use super::{ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::error::ErrorKind;
@@ -74,7 +74,7 @@ pub async fn send(
         return false;
     }
     let mut body = if head_only { &[][..] } else { resp.body };
-    let deadline = w.now() + cg.gen.http.send_timeout;
+    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
     // Counted before the write: a client that has read the response and asks /metrics next
     // must see it counted.
     w.metrics().response(resp.status);
@@ -84,7 +84,7 @@ pub async fn send(
         let _ = out.put(&body[..n]);
         body = &body[n..];
         let len = out.len() as u64;
-        let (res, buf) = write_all_by(&mut conn.stream, out, deadline, &w.pool).await;
+        let (res, buf) = write_all_by(&mut conn.stream, out, stall, &w.pool).await;
         out = buf;
         if res.is_err() {
             conn.log.client_left();

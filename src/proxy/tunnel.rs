@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::net::client::ClientStream;
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
-use super::io::{race, write_all_by, Either};
+use super::io::{race, write_all_by, Either, Stall};
 use crate::buf::Block;
 use crate::observe::metrics::add;
 use crate::upstream::{InFlight, UpConn};
@@ -125,8 +125,8 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     loop {
         if !buf.is_empty() {
             let n = buf.len() as u64;
-            let deadline = w.now() + idle;
-            let (res, b) = write_all_by(dst, buf, deadline, &w.body_pool).await;
+            let stall = Stall::new(w.now(), idle);
+            let (res, b) = write_all_by(dst, buf, stall, &w.body_pool).await;
             buf = b;
             res?;
             moved.set(moved.get() + n);
