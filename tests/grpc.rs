@@ -84,6 +84,21 @@ async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::Send
         let _ = body.flow_control().release_capacity(chunk.len());
         input.extend_from_slice(&chunk);
     }
+    if parts.uri.path() == "/echo.Svc/UnaryWithLength" {
+        // A length with the head, then trailers (grpc-status) after the body.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .header("content-length", input.len())
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        send.send_data(Bytes::from(input), false).unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let _ = send.send_trailers(trailers);
+        return;
+    }
     let resp = http::Response::builder()
         .status(200)
         .header("content-type", "application/grpc")
@@ -190,6 +205,21 @@ async fn call(
         started.elapsed(),
         head_ended,
     )
+}
+
+#[test]
+fn a_calls_trailers_survive_a_response_with_a_length() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    rt().block_on(async {
+        let msg = frame(b"hello");
+        let (status, _, data, trailers, _, _) =
+            call(proxy.addr, "/echo.Svc/UnaryWithLength", &msg, None).await;
+        assert_eq!(status, 200);
+        assert_eq!(data, msg);
+        let trailers = trailers.expect("trailers");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    });
 }
 
 #[test]

@@ -955,7 +955,9 @@ async fn relay(
     }
     let out_framing = if bodiless || body.is_end_stream() && length.is_none() {
         Out::None
-    } else if length.is_some() {
+    } else if length.is_some() && (!info.grpc || http10) {
+        // (A gRPC call's response goes chunked even with a length: its status comes in the
+        // trailers, which only a chunked body carries on.)
         Out::Length
     } else if !http10 {
         Out::Chunked
