@@ -84,6 +84,14 @@ async fn serve(req: http::Request<h2::RecvStream>, mut respond: h2::server::Send
         let _ = body.flow_control().release_capacity(chunk.len());
         input.extend_from_slice(&chunk);
     }
+    if parts.uri.path() == "/many-fields" {
+        let mut resp = http::Response::builder().status(200);
+        for i in 0..300 {
+            resp = resp.header(format!("x-f-{i}"), "v");
+        }
+        let _ = respond.send_response(resp.body(()).unwrap(), true);
+        return;
+    }
     if parts.uri.path() == "/echo.Svc/UnaryWithLength" {
         // A length with the head, then trailers (grpc-status) after the body.
         let resp = http::Response::builder()
@@ -205,6 +213,28 @@ async fn call(
         started.elapsed(),
         head_ended,
     )
+}
+
+/// More fields than an HTTP/1.1 upstream's head may have: 502 to every client (an HTTP/2
+/// client's stream was reset instead).
+#[test]
+fn an_h2_upstream_head_with_too_many_fields_is_a_bad_gateway() {
+    let origin = h2_origin();
+    let proxy = proxy_to_h2(origin);
+    rt().block_on(async {
+        let mut client = h2c_client(proxy.addr).await.ready().await.unwrap();
+        let req = http::Request::get("http://svc.test/many-fields")
+            .body(())
+            .unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let resp = resp.await.expect("a response, not a reset");
+        assert_eq!(resp.status(), 502);
+    });
+    let r = proxy.connect().get("/many-fields");
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (502, Some("upstream_invalid_response"))
+    );
 }
 
 #[test]

@@ -33,6 +33,7 @@ use crate::h2::bridge::VirtualReader;
 use crate::http1::encode::{put_field, put_status_line, put_u64};
 use crate::http1::{
     filter_in_place, BodyFraming, ChunkedDecoder, HeaderKind, Keep, Method, Version,
+    MAX_HEADERS_HARD_LIMIT,
 };
 use crate::observe::metrics::add;
 use crate::route::{Params, ProxyAction, Route};
@@ -1004,7 +1005,10 @@ async fn relay(
         put_field(&mut out, b"x-request-id", info.rid.as_bytes())?;
         out.put(b"\r\n")
     })();
-    if head.is_err() {
+    // As many fields as an HTTP/1.1 upstream's head may have, ringway's own among them: an
+    // HTTP/2 client's side parses the head again.
+    let too_many = parts.headers.len() + OWN_FIELDS > MAX_HEADERS_HARD_LIMIT;
+    if head.is_err() || too_many {
         let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
             .with_cause("response head too large to relay");
         let sent = fail(w, cg, conn, info, err, !body_read).await;
@@ -1134,6 +1138,9 @@ fn client_left(conn: &mut ClientConn) -> (bool, Option<FailureClass>) {
     conn.log.client_left();
     (false, None)
 }
+
+/// Fields a relayed head gets from ringway, at most: date, framing, connection, request id.
+const OWN_FIELDS: usize = 4;
 
 /// Writes one DATA frame's bytes to the client, chunk-framed when asked.
 async fn write_piece(
