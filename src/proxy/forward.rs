@@ -1015,7 +1015,7 @@ async fn exchange(
                 w,
                 &mut upc,
                 rest,
-                stall,
+                cg.gen.http.send_timeout,
                 ubuf,
                 &mut conn.resp,
                 info.method,
@@ -1103,7 +1103,7 @@ async fn send_rest_and_read_head(
     w: &Worker,
     upc: &mut UpConn,
     rest: &[u8],
-    stall: Stall,
+    send_timeout: Duration,
     ubuf: Block,
     resp: &mut ResponseHead,
     method: Method,
@@ -1112,7 +1112,7 @@ async fn send_rest_and_read_head(
 ) -> (Result<Block, HeadError>, bool) {
     let fd = upc.fd();
     let UpConn { read, write, .. } = upc;
-    let mut send = std::pin::pin!(write_bytes(w, write, rest, stall));
+    let mut send = std::pin::pin!(write_bytes(w, write, rest, send_timeout));
     let mut head = std::pin::pin!(read_response_head(
         w, read, fd, ubuf, resp, method, None, gone
     ));
@@ -1139,14 +1139,20 @@ async fn write_bytes(
     w: &Worker,
     up: &mut WriteHalf,
     mut bytes: &[u8],
-    stall: Stall,
+    send_timeout: Duration,
 ) -> stdio::Result<()> {
     while !bytes.is_empty() {
         let mut b = w.body_pool.take();
         let n = bytes.len().min(b.spare());
         let _ = b.put(&bytes[..n]);
         bytes = &bytes[n..];
-        let (res, _) = pin!(write_all_by(up, b, stall, &w.body_pool)).await;
+        let (res, _) = pin!(write_all_by(
+            up,
+            b,
+            Stall::new(w.now(), send_timeout),
+            &w.body_pool
+        ))
+        .await;
         res?;
     }
     Ok(())

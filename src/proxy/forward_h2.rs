@@ -1150,7 +1150,6 @@ async fn write_piece(
     data: &[u8],
     chunked: bool,
 ) -> Result<(), ()> {
-    let stall = Stall::to_client(&conn.stream, w.now(), cg.gen.http.send_timeout);
     let mut rest = data;
     let mut first = true;
     while !rest.is_empty() || first {
@@ -1168,6 +1167,7 @@ async fn write_piece(
             let _ = b.put(b"\r\n");
         }
         let len = b.len() as u64;
+        let stall = Stall::to_client(&conn.stream, w.now(), cg.gen.http.send_timeout);
         let (res, _) = pin!(write_all_by(&mut conn.stream, b, stall, &w.body_pool)).await;
         res.map_err(|_| ())?;
         add(&w.metrics().bytes_out, len);

@@ -74,7 +74,6 @@ pub async fn send(
         return false;
     }
     let mut body = if head_only { &[][..] } else { resp.body };
-    let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
     // Counted before the write: a client that has read the response and asks /metrics next
     // must see it counted.
     w.metrics().response(resp.status);
@@ -84,6 +83,7 @@ pub async fn send(
         let _ = out.put(&body[..n]);
         body = &body[n..];
         let len = out.len() as u64;
+        let stall = Stall::new(w.now(), cg.gen.http.send_timeout);
         let (res, buf) = write_all_by(&mut conn.stream, out, stall, &w.pool).await;
         out = buf;
         if res.is_err() {
