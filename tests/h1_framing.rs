@@ -205,7 +205,7 @@ fn bodiless_responses_state_a_length_only_where_one_is_allowed() {
 }
 
 /// An upstream response head that arrives a byte at a time (an interim response first) is
-/// read whole and relayed once complete.
+/// read whole and relayed once complete (the interim one too).
 #[test]
 fn an_upstream_head_trickling_in_byte_by_byte_is_relayed_whole() {
     let origin = raw_origin(|mut s| {
@@ -227,7 +227,11 @@ fn an_upstream_head_trickling_in_byte_by_byte_is_relayed_whole() {
     let proxy = Proxy::to(origin, "workers = 1\n");
     let mut c = proxy.connect();
     for _ in 0..2 {
-        let r = c.get("/");
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        let hints = c.read_response(false).expect("the interim response");
+        assert_eq!(hints.status, 103);
+        assert_eq!(hints.header("link"), Some("</a>"));
+        let r = c.read_response(false).expect("the final response");
         assert_eq!(r.status, 200);
         assert_eq!(r.header("x-a"), Some("b"));
         assert_eq!(r.body, b"ok");

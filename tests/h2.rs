@@ -1039,6 +1039,19 @@ fn raw_h2c_frames(addr: SocketAddr, path: &[u8]) -> Vec<(u8, u8, usize)> {
 }
 
 #[test]
+fn an_upstreams_early_hints_reach_an_h2_client_as_an_informational_headers_frame() {
+    let proxy = Proxy::to(early_hints_origin(), "");
+    let frames = raw_h2c_frames(proxy.addr, b"/x");
+    // HEADERS (103), HEADERS (200), DATA with the 2 bytes and END_STREAM.
+    let kinds: Vec<(u8, u8)> = frames.iter().map(|f| (f.0, f.1)).collect();
+    assert_eq!(
+        kinds,
+        vec![(0x1, 0x4), (0x1, 0x4), (0x0, 0x1)],
+        "{frames:?}"
+    );
+}
+
+#[test]
 fn a_small_response_is_one_headers_and_one_data_frame() {
     let origin = Origin::ok("hello");
     let proxy = Proxy::to(origin.addr, "");

@@ -590,14 +590,17 @@ async fn relay_response(
     let (resp, framing) = loop {
         match parse_response(&buf, MAX_HEADERS_HARD_LIMIT, method, &mut rh) {
             Ok(Some(len)) if (100..200).contains(&rh.status) => {
-                // 100 Continue: ringway's own answer to `expect: 100-continue` (no upstream
-                // interim response comes this way), as an informational HEADERS frame.
+                // An informational HEADERS frame: ringway's own 100 Continue (its answer to
+                // `expect: 100-continue`), or an upstream's interim response (103 Early
+                // Hints) with its fields. (A 101 never comes this way: no upgrade over h2.)
+                let interim = match rh.status {
+                    100 => http::Response::builder().status(100).body(()).ok(),
+                    101 => None,
+                    _ => h2_response(&rh, &buf[..len], None, None),
+                };
                 buf.advance(len);
-                if rh.status == 100 {
-                    let cont = http::Response::builder().status(100).body(());
-                    if let Ok(cont) = cont {
-                        let _ = respond.send_informational(cont);
-                    }
+                if let Some(interim) = interim {
+                    let _ = respond.send_informational(interim);
                 }
                 continue;
             }

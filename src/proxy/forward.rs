@@ -34,7 +34,7 @@ use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
-use crate::http1::encode::ForwardedFor;
+use crate::http1::encode::{put_field, put_status_line, ForwardedFor};
 use crate::http1::{
     filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
@@ -918,6 +918,43 @@ pub(super) fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
     }
 }
 
+/// Whether an upstream's interim response of `status` goes on to the client: any but a
+/// 100 Continue (ringway answers `Expect` itself, and sent its own) and a 101 (an upgrade's
+/// final answer).
+fn relayed_interim(status: u16) -> bool {
+    (102..200).contains(&status) && status != 101
+}
+
+/// Writes the interim response head at the front of `ubuf` (parsed into `conn.resp`) to the
+/// client, without its connection-specific fields.
+async fn write_interim(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    ubuf: &Block,
+) -> Result<(), Error> {
+    let head = ubuf.data();
+    let mut out = w.pool.take();
+    let written = (|| {
+        put_status_line(&mut out, conn.resp.status, conn.resp.reason.get(head))?;
+        for h in conn.resp.headers.iter().filter(|h| !h.hop) {
+            put_field(&mut out, h.name.get(head), h.value.get(head))?;
+        }
+        out.put(b"\r\n")
+    })();
+    if written.is_err() {
+        // Larger than a block once written again: left out (it is only a hint).
+        return Ok(());
+    }
+    let len = out.len() as u64;
+    let stall = Stall::to_client(&conn.stream, w.now(), cg.gen.http.send_timeout);
+    let (res, _) = pin!(write_all_by(&mut conn.stream, out, stall, &w.pool)).await;
+    res.map_err(Error::client_io)?;
+    add(&w.metrics().bytes_out, len);
+    conn.log.sent += len;
+    Ok(())
+}
+
 /// How one attempt on a connection ended.
 enum Exchange {
     /// A final response head is at the front of the block.
@@ -958,7 +995,9 @@ async fn exchange(
     // A client gone (an HTTP/2 stream reset, a socket closed: `proxy::gone`) ends the wait
     // for the response head, and the upstream request with it.
     let pipelined = conn.pipelines(head_len, !matches!(body, BodyPlan::Streamed));
-    let gone = ClientGone::of(w, cg, &conn.stream, pipelined);
+    let mut gone = ClientGone::of(w, cg, &conn.stream, pipelined);
+    // Interim responses passed on to the client, over all attempts.
+    let mut interim = 0;
     loop {
         let mut ubuf = w.pool.take();
         if encode_request(cg, conn, info, &upc, route, action, params, &mut ubuf).is_err() {
@@ -1026,18 +1065,44 @@ async fn exchange(
             all_sent = sent;
             result
         } else if bstate.done {
+            // The request is all sent: interim responses (103 Early Hints) go on to an
+            // HTTP/1.1 or HTTP/2 client as they come (RFC 9110 §15.2).
             let fd = upc.fd();
-            pin!(read_response_head(
-                w,
-                &mut upc.read,
-                fd,
-                ubuf,
-                &mut conn.resp,
-                info.method,
-                Some(head_deadline(w)),
-                gone.as_ref(),
-            ))
-            .await
+            let relay = info.version != Version::Http10;
+            loop {
+                let head = pin!(read_response_head(
+                    w,
+                    &mut upc.read,
+                    fd,
+                    ubuf,
+                    &mut conn.resp,
+                    info.method,
+                    Some(head_deadline(w)),
+                    gone.as_ref(),
+                    relay,
+                ))
+                .await;
+                let mut b = match head {
+                    Ok(b) if relay && relayed_interim(conn.resp.status) => b,
+                    other => break other,
+                };
+                interim += 1;
+                if interim > MAX_INTERIM_RESPONSES {
+                    break Err(HeadError {
+                        error: Error::new(ErrorKind::UpstreamInvalid, Side::Upstream)
+                            .with_cause("too many interim responses"),
+                        got_bytes: true,
+                    });
+                }
+                // (The watch on the client lets go of it for the write.)
+                drop(gone.take());
+                if let Err(e) = write_interim(w, cg, conn, &b).await {
+                    return Exchange::Client(e);
+                }
+                gone = ClientGone::of(w, cg, &conn.stream, pipelined);
+                b.consume(conn.resp.len);
+                ubuf = b;
+            }
         } else {
             match pin!(send_body_and_read_head(
                 w,
@@ -1114,7 +1179,7 @@ async fn send_rest_and_read_head(
     let UpConn { read, write, .. } = upc;
     let mut send = std::pin::pin!(write_bytes(w, write, rest, send_timeout));
     let mut head = std::pin::pin!(read_response_head(
-        w, read, fd, ubuf, resp, method, None, gone
+        w, read, fd, ubuf, resp, method, None, gone, false
     ));
     match race(send.as_mut(), head.as_mut()).await {
         Either::Left(Ok(())) => (
@@ -1328,7 +1393,8 @@ async fn send_body_and_read_head(
         resp,
         info.method,
         None,
-        None
+        None,
+        false
     ));
     let outcome = race(pump.as_mut(), head.as_mut()).await;
     if let Some(g) = gone {
@@ -1500,6 +1566,7 @@ pub(super) fn cancelled() -> Error {
 /// Reads until a final (non-1xx) response head is buffered at the front of the returned block.
 /// A client that goes meanwhile (`gone`) ends the wait with a downstream `ClientClosed`.
 /// `up_fd`: the socket under `up`, acknowledged at once when the head comes in pieces.
+/// `relay_interim`: an interim response to pass on ([`relayed_interim`]) is returned too.
 #[allow(clippy::too_many_arguments)]
 async fn read_response_head(
     w: &Worker,
@@ -1510,6 +1577,7 @@ async fn read_response_head(
     method: Method,
     deadline: Option<Instant>,
     gone: Option<&ClientGone<'_>>,
+    relay_interim: bool,
 ) -> Result<Block, HeadError> {
     let mut got_bytes = false;
     let mut ack = QuickAck::default();
@@ -1526,9 +1594,13 @@ async fn read_response_head(
         if !ubuf.is_empty() && (scanned == 0 || ends_a_line(ubuf.data(), scanned)) {
             match parse_response(ubuf.data(), MAX_HEADERS_HARD_LIMIT, method, resp) {
                 Ok(Some(len)) => {
+                    if relay_interim && relayed_interim(resp.status) {
+                        // At the front of `ubuf`, for the caller to pass on.
+                        return Ok(ubuf);
+                    }
                     if (100..200).contains(&resp.status) && resp.status != 101 {
-                        // Interim responses (100 Continue, 103 Early Hints) are not relayed:
-                        // ringway answers Expect itself.
+                        // Other interim responses are not relayed: a 100 Continue (ringway
+                        // answers Expect itself), or any while the request body still goes up.
                         interim += 1;
                         if interim > MAX_INTERIM_RESPONSES {
                             return Err(err(

@@ -517,6 +517,20 @@ pub fn raw_origin(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
     addr
 }
 
+/// An upstream sending 103 Early Hints, then its answer, on every connection.
+pub fn early_hints_origin() -> SocketAddr {
+    raw_origin(|mut s| {
+        while !read_head_raw(&mut s).is_empty() {
+            let _ = std::io::Write::write_all(
+                &mut s,
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nX-Hop: 1\r\n\
+                  Connection: X-Hop\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n\
+                  HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            );
+        }
+    })
+}
+
 /// Reads a request head (through the empty line) from a raw stream.
 pub fn read_head_raw(s: &mut TcpStream) -> Vec<u8> {
     let mut head = Vec::new();
