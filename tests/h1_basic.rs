@@ -244,6 +244,13 @@ fn forwarded_headers_from_a_trusted_peer_are_appended() {
         origin.last().headers_named("x-forwarded-proto"),
         vec!["http"]
     );
+
+    // Fields the peer lists in Connection were for ringway alone: as if not sent.
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: X-Forwarded-For, X-Forwarded-Proto\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-Proto: https\r\n\r\n");
+    c.read_response(false).unwrap();
+    let seen = origin.last();
+    assert_eq!(seen.headers_named("x-forwarded-for"), vec!["127.0.0.1"]);
+    assert_eq!(seen.headers_named("x-forwarded-proto"), vec!["http"]);
 }
 
 #[test]

@@ -102,7 +102,7 @@ pub fn write_request_head(
             for h in head
                 .headers
                 .iter()
-                .filter(|h| h.kind == HeaderKind::XForwardedFor)
+                .filter(|h| h.kind == HeaderKind::XForwardedFor && !h.hop)
             {
                 let v = h.value.get(src);
                 if !v.is_empty() {

@@ -1270,7 +1270,13 @@ pub(super) fn forwarding(cg: &CoreGen, conn: &ClientConn) -> (bool, Option<&'sta
         .trusted_proxies
         .iter()
         .any(|net| net.contains(&conn.peer.ip()));
-    let keep_proto = trusted && conn.head.find(HeaderKind::XForwardedProto).is_some();
+    // (A field the peer lists in Connection was for ringway alone: it is as if not sent.)
+    let keep_proto = trusted
+        && conn
+            .head
+            .headers
+            .iter()
+            .any(|h| h.kind == HeaderKind::XForwardedProto && !h.hop);
     let proto: Option<&'static [u8]> = match (keep_proto, conn.stream.is_tls()) {
         (true, _) => None,
         (false, true) => Some(b"https"),
