@@ -922,7 +922,7 @@ pub(super) fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
 /// 100 Continue (ringway answers `Expect` itself, and sent its own) and a 101 (an upgrade's
 /// final answer).
 fn relayed_interim(status: u16) -> bool {
-    (102..200).contains(&status) && status != 101
+    (102..200).contains(&status)
 }
 
 /// Writes the interim response head at the front of `ubuf` (parsed into `conn.resp`) to the
@@ -1083,7 +1083,7 @@ async fn exchange(
                 ))
                 .await;
                 let mut b = match head {
-                    Ok(b) if relay && relayed_interim(conn.resp.status) => b,
+                    Ok(b) if relayed_interim(conn.resp.status) => b,
                     other => break other,
                 };
                 interim += 1;

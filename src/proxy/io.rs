@@ -239,14 +239,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_write_is_bounded_by_its_stall_not_by_its_length() {
+    /// A runtime with a timer, and this thread's deadline wheel fresh.
+    fn timed_runtime() -> monoio::Runtime<monoio::time::TimeDriver<monoio::LegacyDriver>> {
         crate::worker::deadline::reset_thread();
-        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()
-            .unwrap();
-        rt.block_on(async {
+            .unwrap()
+    }
+
+    #[test]
+    fn a_write_is_bounded_by_its_stall_not_by_its_length() {
+        timed_runtime().block_on(async {
             let pool = BufPool::new(64);
             let bytes = |pool: &BufPool| {
                 let mut b = pool.take();
@@ -283,12 +287,7 @@ mod tests {
 
     #[test]
     fn within_lets_a_future_finish_and_bounds_one_that_waits() {
-        crate::worker::deadline::reset_thread();
-        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        timed_runtime().block_on(async {
             let far = Instant::now() + Duration::from_secs(60);
             // Done at its first poll.
             assert_eq!(within(far, pin!(async { 7 })).await, Some(7));
