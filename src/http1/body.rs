@@ -309,13 +309,13 @@ impl ChunkedDecoder {
         Ok(run.step(i))
     }
 
-    /// What `next`, fed in the current state, belongs to. (A byte invalid where it stands
-    /// may land in any run: the step it would end fails first.)
     /// Whether `next` starts a trailer field line.
     fn at_field_line(&self, next: u8) -> bool {
         self.state == State::TrailerStart && next != b'\r'
     }
 
+    /// What `next`, fed in the current state, belongs to. (A byte invalid where it stands
+    /// may land in any run: the step it would end fails first.)
     fn run_of(&self, next: u8) -> Run {
         match self.state {
             State::TrailerName | State::TrailerValue | State::TrailerLf => Run::Trailer,
