@@ -175,21 +175,24 @@ fn concurrent_streams_and_large_bodies_both_ways() {
     );
 }
 
+/// A GET of `uri` over a new h2c connection whose streams grant `window` bytes (the
+/// connection 64 KiB); the response body, once its head came.
+async fn windowed_get(addr: SocketAddr, window: u32, uri: &str) -> h2::RecvStream {
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(window)
+        .initial_connection_window_size(65_535);
+    let c = h2c_with(addr, b).await;
+    let req = http::Request::builder().uri(uri).body(()).unwrap();
+    let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+    resp.await.unwrap().into_body()
+}
+
 #[test]
 fn a_slow_reader_with_a_tiny_window_gets_everything_in_order() {
     let origin = echo_origin();
     let proxy = Proxy::to(origin.addr, "");
     rt().block_on(async {
-        let mut b = h2::client::Builder::new();
-        b.initial_window_size(1024)
-            .initial_connection_window_size(65_535);
-        let c = h2c_with(proxy.addr, b).await;
-        let req = http::Request::builder()
-            .uri("http://x/big/2000000")
-            .body(())
-            .unwrap();
-        let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
-        let mut body = resp.await.unwrap().into_body();
+        let mut body = windowed_get(proxy.addr, 1024, "http://x/big/2000000").await;
         let mut got = Vec::new();
         while let Some(chunk) = body.data().await {
             let chunk = chunk.unwrap();
@@ -498,17 +501,8 @@ fn a_slow_but_steady_reader_is_not_cut_by_the_send_timeout() {
     let origin = echo_origin();
     let proxy = Proxy::to(origin.addr, "[http]\nsend_timeout = \"500ms\"\n");
     rt().block_on(async {
-        let mut b = h2::client::Builder::new();
-        b.initial_window_size(4096)
-            .initial_connection_window_size(65_535);
-        let c = h2c_with(proxy.addr, b).await;
-        let req = http::Request::builder()
-            .uri("http://x/big/196608")
-            .body(())
-            .unwrap();
         let started = std::time::Instant::now();
-        let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
-        let mut body = resp.await.unwrap().into_body();
+        let mut body = windowed_get(proxy.addr, 4096, "http://x/big/196608").await;
         let mut got = Vec::new();
         // About 80 KiB/s: a 64 KiB block takes 0.8 s to leave, longer than the timeout.
         while let Some(chunk) = body.data().await {
