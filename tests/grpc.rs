@@ -1373,13 +1373,18 @@ fn an_early_answer_from_an_h2_upstream_reaches_an_http1_client_while_its_body_is
 }
 
 #[test]
-fn interim_responses_of_an_h2_upstream_are_skipped_and_bounded() {
+fn interim_responses_of_an_h2_upstream_are_relayed_and_bounded() {
     let proxy = proxy_to_h2_with(origin_for_early_answers(), "");
     let mut c = proxy.connect();
-    let r = c.get("/interim/3");
-    assert_eq!((r.status, r.text().as_str()), (200, "0"));
-    let r = c.get("/interim/40");
-    assert_eq!(r.status, 502, "{}", r.text());
+    // Each 103 goes on to the client; more than 16 make the upstream's answer invalid.
+    for (n, relayed, status) in [(3, 3, 200), (40, 16, 502)] {
+        c.send(format!("GET /interim/{n} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes());
+        for _ in 0..relayed {
+            assert_eq!(c.read_response(false).expect("a response").status, 103);
+        }
+        let r = c.read_response(false).expect("a response");
+        assert_eq!(r.status, status, "{}", r.text());
+    }
     let m = metrics(proxy.addr);
     assert_eq!(
         m.get("ringway_upstream_failures_total{upstream=\"up\",class=\"invalid\"}"),

@@ -1046,6 +1046,57 @@ fn an_upstreams_early_hints_reach_an_h2_client_as_an_informational_headers_frame
 }
 
 #[test]
+fn an_h2_upstreams_early_hints_reach_http11_and_h2_clients_but_not_http10_ones() {
+    let h2_origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((_req, mut respond))) = conn.accept().await {
+            // A 100 (never passed on), then the hint, then the answer.
+            for (status, link) in [(100, None), (103, Some("</a.css>; rel=preload"))] {
+                let mut interim = http::Response::builder().status(status);
+                if let Some(link) = link {
+                    interim = interim.header("link", link);
+                }
+                let _ = respond.send_informational(interim.body(()).unwrap());
+            }
+            let resp = http::Response::builder()
+                .status(200)
+                .header("content-length", "2");
+            if let Ok(mut send) = respond.send_response(resp.body(()).unwrap(), false) {
+                let _ = send.send_data(Bytes::from_static(b"ok"), true);
+            }
+        }
+    });
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"h2\"\nprotocol = \"h2c\"\n\
+         endpoints = [\"{h2_origin}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"h2\"\n"
+    ));
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(
+        back.starts_with(
+            "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n"
+        ),
+        "{back}"
+    );
+    assert!(back.ends_with("\r\n\r\nok"), "{back}");
+    let mut c = proxy.connect();
+    c.send(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n");
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(back.starts_with("HTTP/1.1 200 OK\r\n"), "{back}");
+    // HEADERS (103), HEADERS (200), DATA with END_STREAM.
+    let frames = raw_h2c_frames(proxy.addr, b"/x");
+    let kinds: Vec<(u8, u8)> = frames.iter().map(|f| (f.0, f.1)).collect();
+    assert_eq!(
+        kinds,
+        vec![(0x1, 0x4), (0x1, 0x4), (0x0, 0x1)],
+        "{frames:?}"
+    );
+}
+
+#[test]
 fn a_small_response_is_one_headers_and_one_data_frame() {
     let origin = Origin::ok("hello");
     let proxy = Proxy::to(origin.addr, "");

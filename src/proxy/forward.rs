@@ -921,31 +921,35 @@ pub(super) fn connect_error(ep: &EndpointRt, e: ConnectError) -> Error {
 /// Whether an upstream's interim response of `status` goes on to the client: any but a
 /// 100 Continue (ringway answers `Expect` itself, and sent its own) and a 101 (an upgrade's
 /// final answer).
-fn relayed_interim(status: u16) -> bool {
+pub(super) fn relayed_interim(status: u16) -> bool {
     (102..200).contains(&status)
 }
 
-/// Writes the interim response head at the front of `ubuf` (parsed into `conn.resp`) to the
-/// client, without its connection-specific fields.
-async fn write_interim(
+/// An interim response head written as HTTP/1.1 (for an HTTP/2 client, the stream's bridge
+/// reads it back into a HEADERS frame); `None` when it is larger than a block (it is only a
+/// hint: left out).
+pub(super) fn interim_head<'a>(
+    w: &Worker,
+    status: u16,
+    reason: &[u8],
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+) -> Option<Block> {
+    let mut out = w.pool.take();
+    put_status_line(&mut out, status, reason).ok()?;
+    for (name, value) in fields {
+        put_field(&mut out, name, value).ok()?;
+    }
+    out.put(b"\r\n").ok()?;
+    Some(out)
+}
+
+/// Writes an interim response head ([`interim_head`]) to the client.
+pub(super) async fn write_interim(
     w: &Worker,
     cg: &CoreGen,
     conn: &mut ClientConn,
-    ubuf: &Block,
+    out: Block,
 ) -> Result<(), Error> {
-    let head = ubuf.data();
-    let mut out = w.pool.take();
-    let written = (|| {
-        put_status_line(&mut out, conn.resp.status, conn.resp.reason.get(head))?;
-        for h in conn.resp.headers.iter().filter(|h| !h.hop) {
-            put_field(&mut out, h.name.get(head), h.value.get(head))?;
-        }
-        out.put(b"\r\n")
-    })();
-    if written.is_err() {
-        // Larger than a block once written again: left out (it is only a hint).
-        return Ok(());
-    }
     let len = out.len() as u64;
     let stall = Stall::to_client(&conn.stream, w.now(), cg.gen.http.send_timeout);
     let (res, _) = pin!(write_all_by(&mut conn.stream, out, stall, &w.pool)).await;
@@ -1096,8 +1100,15 @@ async fn exchange(
                 }
                 // (The watch on the client lets go of it for the write.)
                 drop(gone.take());
-                if let Err(e) = write_interim(w, cg, conn, &b).await {
-                    return Exchange::Client(e);
+                // Without its connection-specific fields.
+                let head = b.data();
+                let fields = conn.resp.headers.iter().filter(|h| !h.hop);
+                let fields = fields.map(|h| (h.name.get(head), h.value.get(head)));
+                let reason = conn.resp.reason.get(head);
+                if let Some(out) = interim_head(w, conn.resp.status, reason, fields) {
+                    if let Err(e) = write_interim(w, cg, conn, out).await {
+                        return Exchange::Client(e);
+                    }
                 }
                 gone = ClientGone::of(w, cg, &conn.stream, pipelined);
                 b.consume(conn.resp.len);

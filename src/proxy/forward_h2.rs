@@ -21,8 +21,9 @@ use h2::RecvStream;
 use monoio::io::AsyncReadRent;
 
 use super::forward::{
-    backoff, cancelled, fail, forwarding, log_upstream, record, rewrite_target, upstream_host,
-    BodyPlan, Retry, RetrySlot, SlotWait, Ticket, Waited, MAX_INTERIM_RESPONSES,
+    backoff, cancelled, fail, forwarding, interim_head, log_upstream, record, relayed_interim,
+    rewrite_target, upstream_host, write_interim, BodyPlan, Retry, RetrySlot, SlotWait, Ticket,
+    Waited, MAX_INTERIM_RESPONSES,
 };
 use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, Either, Stall};
@@ -267,34 +268,101 @@ type HeadResult = Result<http::Response<RecvStream>, HeadFail>;
 
 /// The final response head of an HTTP/2 upstream stream. Interim (1xx) responses are taken
 /// off as they come (the h2 crate queues them on the stream until it is polled), at most
-/// `MAX_INTERIM_RESPONSES`, as from an HTTP/1.1 upstream; none is relayed.
+/// `MAX_INTERIM_RESPONSES`, as from an HTTP/1.1 upstream; awaited as a future, none is
+/// passed on (see [`FinalHead::poll_next`]).
 struct FinalHead {
     resp: h2::client::ResponseFuture,
     interim: usize,
 }
 
-impl Future for FinalHead {
-    type Output = HeadResult;
+/// What came next on an HTTP/2 upstream stream ([`FinalHead::poll_next`]).
+enum NextHead {
+    /// An interim response to pass on to the client.
+    Interim(http::Response<()>),
+    /// The final response head, or why none came.
+    Final(HeadResult),
+}
 
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        use std::task::Poll;
-        let this = &mut *self;
+impl FinalHead {
+    /// The next response head: the final one or, with `relay`, an interim one the client is
+    /// to get too (`relayed_interim`). The other interim responses are taken off and counted.
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>, relay: bool) -> Poll<NextHead> {
         loop {
-            match this.resp.poll_informational(cx) {
-                Poll::Ready(Some(Ok(_))) => {
-                    this.interim += 1;
-                    if this.interim > MAX_INTERIM_RESPONSES {
-                        return Poll::Ready(Err(HeadFail::Interim));
+            match self.resp.poll_informational(cx) {
+                Poll::Ready(Some(Ok(r))) => {
+                    self.interim += 1;
+                    if self.interim > MAX_INTERIM_RESPONSES {
+                        return Poll::Ready(NextHead::Final(Err(HeadFail::Interim)));
+                    }
+                    if relay && relayed_interim(r.status().as_u16()) {
+                        return Poll::Ready(NextHead::Interim(r));
                     }
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(HeadFail::H2(e))),
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(NextHead::Final(Err(HeadFail::H2(e))));
+                }
                 Poll::Ready(None) | Poll::Pending => break,
             }
         }
-        Pin::new(&mut this.resp).poll(cx).map_err(HeadFail::H2)
+        let head = std::task::ready!(Pin::new(&mut self.resp).poll(cx));
+        Poll::Ready(NextHead::Final(head.map_err(HeadFail::H2)))
+    }
+}
+
+impl Future for FinalHead {
+    type Output = HeadResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        loop {
+            // (No interim response is asked for.)
+            if let NextHead::Final(head) = std::task::ready!(self.poll_next(cx, false)) {
+                return Poll::Ready(head);
+            }
+        }
+    }
+}
+
+/// The wait for the final response head once the request is all sent: interim responses
+/// (103 Early Hints) go on to an HTTP/1.1 or HTTP/2 client as they come (RFC 9110 §15.2), as
+/// from an HTTP/1.1 upstream, `relayed` counting them over all attempts. Each one restarts
+/// the wait (`deadline`: when it ends, from now). `Ok(None)`: the deadline passed; `Err`:
+/// the client went away, or writing to it failed.
+#[allow(clippy::too_many_arguments)]
+async fn head_after_body<'w>(
+    w: &'w Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    mut head: Pin<&mut FinalHead>,
+    deadline: impl Fn(&Worker) -> Instant,
+    gone: &mut Option<ClientGone<'w>>,
+    pipelined: bool,
+    relayed: &mut usize,
+) -> Result<Option<HeadResult>, Error> {
+    loop {
+        let relay = info.version != Version::Http10 && *relayed < MAX_INTERIM_RESPONSES;
+        let mut next = pin!(poll_fn(|cx| head.poll_next(cx, relay)));
+        let next = pin!(within(deadline(w), next.as_mut()));
+        let resp = match unless_gone(gone.as_ref(), next).await {
+            None => return Err(cancelled()),
+            Some(None) => return Ok(None),
+            Some(Some(NextHead::Final(head))) => return Ok(Some(head)),
+            Some(Some(NextHead::Interim(resp))) => resp,
+        };
+        *relayed += 1;
+        let status = resp.status();
+        let fields = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        let reason = status.canonical_reason().unwrap_or("").as_bytes();
+        let Some(out) = interim_head(w, status.as_u16(), reason, fields) else {
+            continue;
+        };
+        // (The watch on the client lets go of it for the write.)
+        drop(gone.take());
+        write_interim(w, cg, conn, out).await?;
+        *gone = ClientGone::of(w, cg, &conn.stream, pipelined);
     }
 }
 
@@ -483,6 +551,8 @@ pub(super) async fn proxy(
     // rest of that body then streams beside the relay.
     let responding = Cell::new(false);
     let mut duplex_rest: Option<DuplexPump<'_>>;
+    // Interim responses passed on to the client, over all attempts.
+    let mut relayed = 0;
     let (ticket, inflight, resp, stream_slot) = loop {
         duplex_rest = None;
         attempts += 1;
@@ -604,7 +674,7 @@ pub(super) async fn proxy(
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
             let pipelined = conn.pipelines(head_len, !matches!(body, BodyPlan::Streamed));
-            let gone = ClientGone::of(w, cg, &conn.stream, pipelined);
+            let mut gone = ClientGone::of(w, cg, &conn.stream, pipelined);
             // A deadline passing: the call's own grpc-timeout is the client's doing, not a
             // failure of the upstream (neither the breaker nor outlier detection hears of
             // it, and it is not retried: DEADLINE_EXCEEDED to the client).
@@ -715,10 +785,20 @@ pub(super) async fn proxy(
                                 break 'attempt Attempt::Client(e);
                             }
                         }
-                        let after = std::pin::pin!(head_by(head.as_mut(), Some(after_body(w))));
-                        match unless_gone(gone.as_ref(), after).await {
-                            Some(r) => r,
-                            None => break 'attempt Attempt::Client(cancelled()),
+                        let after = head_after_body(
+                            w,
+                            cg,
+                            conn,
+                            info,
+                            head.as_mut(),
+                            after_body,
+                            &mut gone,
+                            pipelined,
+                            &mut relayed,
+                        );
+                        match after.await {
+                            Ok(r) => r,
+                            Err(e) => break 'attempt Attempt::Client(e),
                         }
                     }
                     Either::Right(resp) => {
@@ -803,10 +883,20 @@ pub(super) async fn proxy(
                     // The upstream stopped taking the body: it may have answered already.
                 }
                 // A client's reset ends the wait (and the upstream stream with it).
-                let after = std::pin::pin!(head_by(head.as_mut(), Some(after_body(w))));
-                match unless_gone(gone.as_ref(), after).await {
-                    Some(r) => r,
-                    None => break 'attempt Attempt::Client(cancelled()),
+                let after = head_after_body(
+                    w,
+                    cg,
+                    conn,
+                    info,
+                    head.as_mut(),
+                    after_body,
+                    &mut gone,
+                    pipelined,
+                    &mut relayed,
+                );
+                match after.await {
+                    Ok(r) => r,
+                    Err(e) => break 'attempt Attempt::Client(e),
                 }
             };
             head_outcome(resp)
