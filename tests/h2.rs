@@ -133,6 +133,15 @@ fn h2c_requests_reach_an_http1_origin_with_host_and_cookies_mapped() {
             (status, body.as_slice()),
             (200, &b"{\"status\":\"ok\"}"[..])
         );
+        // A Host that names another authority makes the request malformed (RFC 9113 §8.3.1).
+        let req = http::Request::builder()
+            .uri("http://example.test:8080/other")
+            .header("host", "elsewhere.test")
+            .body(())
+            .unwrap();
+        let mut ready = c.clone().ready().await.unwrap();
+        let resp = ready.send_request(req, true).unwrap().0.await.unwrap();
+        assert_eq!(resp.status(), 400);
     });
     assert_eq!(origin.last().target, "/hello?x=1");
     let m = metrics(proxy.addr);

@@ -338,7 +338,9 @@ fn local_error(
 
 /// Writes the HTTP/1.1 head of an HTTP/2 request, with where its parts are (the proxy reads
 /// it from those, without tokenizing it again). `chunked`: the body length is unknown.
-fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenRequest) {
+/// `None`: the request is malformed, its Host names another authority than `:authority`
+/// (RFC 9113 §8.3.1).
+fn h1_head(parts: &http::request::Parts, chunked: bool) -> Option<(BytesMut, WrittenRequest)> {
     let mut out = BytesMut::with_capacity(256 + parts.headers.len() * 32);
     let mut written = WrittenRequest::default();
     out.extend_from_slice(parts.method.as_str().as_bytes());
@@ -369,7 +371,10 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenReq
         // TE (only `trailers` is allowed in HTTP/2) goes on to the proxy path, which keeps
         // `te: trailers` toward an HTTP/2 upstream (gRPC needs it) and, as a hop-by-hop
         // field, drops it toward HTTP/1.1.
-        if name == http::header::HOST && authority.is_some() {
+        if let (true, Some(a)) = (name == http::header::HOST, authority) {
+            if !value.as_bytes().eq_ignore_ascii_case(a.as_bytes()) {
+                return None;
+            }
             continue;
         }
         let field = begin_field(&mut out, name.as_str().as_bytes());
@@ -399,7 +404,7 @@ fn h1_head(parts: &http::request::Parts, chunked: bool) -> (BytesMut, WrittenReq
     }
     out.extend_from_slice(b"\r\n");
     written.len = out.len();
-    (out, written)
+    Some((out, written))
 }
 
 /// The bytes of `out` from `from` on.
@@ -483,10 +488,20 @@ fn stream_task(
         let head_request = parts.method == http::Method::HEAD;
         let chunked =
             !body.is_end_stream() && !parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        let Some((head, written)) = h1_head(&parts, chunked) else {
+            local_error(
+                &mut respond,
+                &w,
+                (&parts, info.peer.addr),
+                ErrorKind::BadRequest,
+                "the host field differs from the :authority pseudo-header",
+                grpc,
+            );
+            return;
+        };
         let (vconn, end) = bridge::pair(info.sni.clone(), info.tls, grpc, Some(guard.0.clone()));
         // The request head becomes the pipe's first bytes as it is (the proxy side is not running
         // yet; HTTP/2 bounds header lists).
-        let (head, written) = h1_head(&parts, chunked);
         end.put_first(head, written);
         // One task runs the proxy side and both directions of the stream: one allocation per
         // stream, not two.
@@ -1026,7 +1041,15 @@ mod tests {
     /// The head `h1_head` writes for `parts`, read both ways: parsed as bytes, and from the
     /// parts it recorded. The two agree (same answer, same head), whatever the limits.
     fn check_written(parts: &http::request::Parts, chunked: bool, limits: &HeadLimits) {
-        let (bytes, written) = h1_head(parts, chunked);
+        let Some((bytes, written)) = h1_head(parts, chunked) else {
+            // Refused only for a Host that names another authority.
+            let authority = parts.uri.authority().expect("an :authority").as_str();
+            let hosts = parts.headers.get_all(http::header::HOST);
+            let other =
+                |h: &http::HeaderValue| !h.as_bytes().eq_ignore_ascii_case(authority.as_bytes());
+            assert!(hosts.iter().any(other), "{parts:?}");
+            return;
+        };
         assert_eq!(written.len, bytes.len());
         let mut parsed = RequestHead::default();
         let by_bytes = parse_request(&bytes, limits, &mut parsed);
@@ -1102,6 +1125,23 @@ mod tests {
             ..HeadLimits::default()
         };
         check_written(&get, false, &short);
+    }
+
+    #[test]
+    fn a_host_field_must_name_the_authority() {
+        let head = |host: &str| {
+            let parts = request("GET", "http://a.example:8080/", &[("host", host)]);
+            h1_head(&parts, false).map(|(bytes, _)| bytes)
+        };
+        // Host names are case-insensitive; the head carries the authority once.
+        let same = head("A.Example:8080").expect("the same authority");
+        assert_eq!(&same[..], b"GET / HTTP/1.1\r\nhost: a.example:8080\r\n\r\n");
+        assert_eq!(head("b.example:8080"), None);
+        assert_eq!(head("a.example"), None);
+        // Without an :authority, Host is the request's.
+        let parts = request("GET", "/", &[("host", "b.example")]);
+        let (bytes, _) = h1_head(&parts, false).expect("a head");
+        assert_eq!(&bytes[..], b"GET / HTTP/1.1\r\nhost: b.example\r\n\r\n");
     }
 
     fn field_name() -> impl Strategy<Value = String> {
