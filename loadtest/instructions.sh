@@ -2,7 +2,8 @@
 # Instructions per proxied request, counted by callgrind: a deterministic before/after measure
 # for small changes to the hot path, where timed runs on a shared machine are too noisy.
 #
-#   loadtest/instructions.sh [--requests N] [--cache] [--ll BYTES] [--modes LIST] TARGET...
+#   loadtest/instructions.sh [--requests N] [--cache] [--ll BYTES] [--modes LIST] [--keep DIR]
+#                            TARGET...
 #
 # A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
 # each; the essentials of the timed run's configs: upstream keep-alive, no access log). For
@@ -15,6 +16,8 @@
 # in the L1 instruction cache, the L1 data cache (reads + writes) and the last level, and
 # mispredicted conditional + indirect branches. A model (no prefetcher, the host's cache
 # sizes), for comparing targets and builds, not a measurement of the CPU.
+# --keep DIR keeps each run's callgrind dump as DIR/<target>-<mode>.out, for
+# `callgrind_annotate --inclusive=yes --tree=none FILE` (where the instructions go).
 # --ll BYTES sets the model's last level (16-way, 64-byte lines) to BYTES: 1048576 models a
 # 1 MiB L2, the level whose misses grow with the streams in flight (each stream's state is
 # cold by the time it runs again). --modes picks the modes (default "h1 h2c"); h2c64 is h2c
@@ -31,16 +34,18 @@ N=20000
 CACHE=
 LL=
 MODES="h1 h2c"
+KEEP=
 while [ $# -gt 0 ]; do
     case $1 in
         --requests) N=$2; shift 2 ;;
         --cache) CACHE=1; shift ;;
         --ll) LL=$2; shift 2 ;;
         --modes) MODES=$2; shift 2 ;;
+        --keep) KEEP=$2; shift 2 ;;
         *) break ;;
     esac
 done
-[ $# -ge 1 ] || { sed -n 2,25p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,28p "$0"; exit 2; }
 sim=()
 [ -n "$CACHE" ] && sim=(--cache-sim=yes --branch-sim=yes)
 [ -n "$CACHE" ] && [ -n "$LL" ] && sim+=(--LL="$LL",16,64)
@@ -171,6 +176,10 @@ for bin in "$@"; do
         fi
         # The dump taken while the requests ran (the file with a part number).
         dump=$(ls "$WORK"/cg.*.1)
+        if [ -n "$KEEP" ]; then
+            mkdir -p "$KEEP"
+            cp "$dump" "$KEEP/$(basename "$bin")-$mode.out"
+        fi
         report=$(callgrind_annotate --inclusive=no --tree=none "$dump" 2>/dev/null)
         total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' <<<"$report")
         copy=$(awk '/__mem(cpy|move)_[a-z0-9_]+ \[/ {gsub(",", "", $1); s += $1} END {print s + 0}' <<<"$report")
