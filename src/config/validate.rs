@@ -678,6 +678,27 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
             ))
         }
     };
+    // Keys of the other kind of connection pool would be taken and ignored.
+    if protocol == super::UpstreamProtocol::Http1 {
+        let h2_only = [
+            u.h2_connections.as_ref().map(|v| v.span()),
+            u.h2_stream_window.as_ref().map(|v| v.span()),
+            u.h2_connection_window.as_ref().map(|v| v.span()),
+            u.h2_keepalive.as_ref().map(|v| v.span()),
+        ];
+        if let Some(span) = h2_only.into_iter().flatten().next() {
+            return Err(ctx.error(
+                span,
+                "this key applies to HTTP/2 upstreams only (`protocol = \"h2\"` or `\"h2c\"`)",
+            ));
+        }
+    } else if let Some(v) = &u.pool_max_idle {
+        return Err(ctx.error(
+            v.span(),
+            "pool_max_idle applies to HTTP/1.1 upstreams; an HTTP/2 upstream keeps \
+             `h2_connections` connections per endpoint",
+        ));
+    }
     Ok(UpstreamConfig {
         name,
         endpoints,
@@ -1625,6 +1646,26 @@ mod tests {
         assert!(e.to_string().contains("at least h2_stream_window"), "{e}");
         let e = err(&up("h2_stream_window = 1000"));
         assert!(e.to_string().contains("h2_stream_window"), "{e}");
+        // The other pool's keys are refused, not ignored.
+        let e = err(&up("pool_max_idle = 8"));
+        assert!(
+            e.to_string().contains("applies to HTTP/1.1 upstreams"),
+            "{e}"
+        );
+        let http1 = |keys: &str| up(keys).replace("protocol = \"h2c\"\n", "");
+        for key in [
+            "h2_connections = 1",
+            "h2_stream_window = 65535",
+            "h2_connection_window = 16777216",
+            "h2_keepalive = \"1s\"",
+        ] {
+            let e = err(&http1(key));
+            assert!(
+                e.to_string().contains("HTTP/2 upstreams only"),
+                "{key}: {e}"
+            );
+        }
+        compile(&http1("pool_max_idle = 8"), "t.toml").unwrap();
     }
 
     #[test]

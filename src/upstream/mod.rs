@@ -753,7 +753,7 @@ mod tests {
         let h1 = upstream("");
         assert!(same_connections(
             &h1,
-            &upstream("pool_idle_timeout = \"5s\"\nh2_keepalive = \"10s\"")
+            &upstream("pool_idle_timeout = \"5s\"\nconnect_timeout = \"1s\"")
         ));
         assert!(!same_connections(&h1, &h2));
     }
