@@ -127,6 +127,43 @@ fn per_route_limits() {
 }
 
 #[test]
+fn a_route_body_limit_of_zero_lifts_the_global_one_and_local_answers_keep_theirs() {
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "[http]\nmax_request_body_bytes = 10\n\
+         [[upstreams]]\nname = \"o\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/free/\"\nproxy = \"o\"\nlimits = {{ max_body_bytes = 0 }}\n\
+         [[routes]]\npath_prefix = \"/form\"\nrespond = {{ status = 200, body = \"thanks\" }}\n\
+         limits = {{ max_body_bytes = 4 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"o\"\n",
+        origin.addr
+    ));
+    let post = |path: &str, body: &str| {
+        let mut c = proxy.connect();
+        let len = body.len();
+        c.send(
+            format!("POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: {len}\r\n\r\n{body}")
+                .as_bytes(),
+        );
+        c.read_response(false).unwrap()
+    };
+    assert_eq!(post("/free/x", "hello world").status, 200);
+    assert_eq!(post("/other", "hello world").status, 413);
+    // A local answer's limit holds too: 413 instead of the answer.
+    let r = post("/form", "hello");
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (413, Some("body_too_large"))
+    );
+    assert_eq!(post("/form", "hey").text(), "thanks");
+    assert_eq!(
+        origin.requests().len(),
+        1,
+        "only the unlimited route's request went on"
+    );
+}
+
+#[test]
 fn respond_from_a_file_and_host_groups() {
     let dir = std::env::temp_dir().join(format!("ringway-routing-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

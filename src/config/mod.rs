@@ -870,8 +870,12 @@ pub fn describe_route(gen: &Generation, r: &crate::route::Route) -> String {
             let _ = write!(s, "respond {} ({} bytes)", l.status, l.body.len());
         }
     }
-    if let Some(n) = r.limits.max_body_bytes {
-        let _ = write!(s, "; body <= {n} bytes");
+    match r.limits.max_body_bytes {
+        Some(Some(n)) => {
+            let _ = write!(s, "; body <= {n} bytes");
+        }
+        Some(None) => s.push_str("; any body size"),
+        None => {}
     }
     if let Some(n) = r.limits.max_head_bytes {
         let _ = write!(s, "; head <= {n} bytes");

@@ -1193,6 +1193,8 @@ fn compile_route(
                             0..i64::MAX as u64,
                             "limits.max_body_bytes",
                         )
+                        // 0: no limit, as for `http.max_request_body_bytes`.
+                        .map(|n| (n > 0).then_some(n))
                     })
                     .transpose()?,
                 max_head_bytes: l

@@ -506,28 +506,11 @@ pub(super) async fn proxy(
         }
     }
     let head_len = conn.head.len;
-    let max_body = route
-        .limits
-        .max_body_bytes
-        .or(gen.http.max_request_body_bytes);
+    // (A declared length beyond it was answered before: `proxy::dispatch_on`.)
+    let max_body = route.limits.max_body(gen.http.max_request_body_bytes);
     let response_timeout = action.response_timeout.unwrap_or(up.cfg.response_timeout);
     let read_timeout = action.read_timeout.unwrap_or(up.cfg.read_timeout);
     let has_body = info.framing.has_body();
-
-    if let (Some(max), BodyFraming::Length(n)) = (max_body, info.framing) {
-        if n > max {
-            conn.consume_head(head_len);
-            return fail(
-                w,
-                cg,
-                conn,
-                info,
-                Error::new(ErrorKind::BodyTooLarge, Side::Downstream),
-                true,
-            )
-            .await;
-        }
-    }
 
     // Admission: after the route, before the upstream pick.
     let Ok(_permit) = admit(w, gen, route.priority_class) else {

@@ -709,6 +709,16 @@ async fn dispatch_on(
         )
         .await;
     }
+    // A declared body beyond the route's limit is refused before any of it is read, whatever
+    // the route does (a chunked one is measured as it streams to an upstream; a local answer
+    // reads and drops a bounded body).
+    let max_body = route.limits.max_body(cg.gen.http.max_request_body_bytes);
+    if let (Some(max), BodyFraming::Length(n)) = (max_body, info.framing) {
+        if n > max {
+            let too_large = Answer::Error(ErrorKind::BodyTooLarge);
+            return answer_local(w, cg, conn, &info, head_len, too_large).await;
+        }
+    }
     match &route.action {
         Action::Respond(local) => {
             let mut fields: [(&[u8], &[u8]); MAX_LOCAL_HEADERS] = [(&[], &[]); MAX_LOCAL_HEADERS];

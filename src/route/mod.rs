@@ -163,10 +163,17 @@ pub enum Action {
 /// Per-route request limits (override the `[http]` ones).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RouteLimits {
-    /// Largest request body (413 beyond).
-    pub max_body_bytes: Option<u64>,
+    /// Largest request body (413 beyond): `None` keeps `[http]`'s, `Some(None)` is no limit.
+    pub max_body_bytes: Option<Option<u64>>,
     /// Largest request head (431 beyond).
     pub max_head_bytes: Option<usize>,
+}
+
+impl RouteLimits {
+    /// The largest request body the route takes, given `[http]`'s (`None`: no limit).
+    pub fn max_body(&self, http: Option<u64>) -> Option<u64> {
+        self.max_body_bytes.unwrap_or(http)
+    }
 }
 
 /// A route taken out of service: answered 503 with `Retry-After`.
