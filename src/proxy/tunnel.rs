@@ -9,8 +9,9 @@
 //! side slows the other (no buffering beyond one block per direction). End of stream on one
 //! side half-closes the other side's write and the opposite direction goes on (a WebSocket
 //! close handshake, a server still sending); an error, or no byte either way for
-//! `tunnel_idle_timeout`, ends both. The HTTP timeouts do not apply any more. A worker that
-//! begins to shut down closes its tunnels at once: a session has no natural end the drain
+//! `tunnel_idle_timeout`, ends both (a write that moves bytes slowly is not idle: it fails on
+//! its own once it moves none for as long). The HTTP timeouts do not apply any more. A worker
+//! that begins to shut down closes its tunnels at once: a session has no natural end the drain
 //! could wait for (its clients reconnect, to another instance).
 
 use std::cell::Cell;
@@ -46,6 +47,42 @@ enum Way {
     ToClient,
 }
 
+/// What both directions of a tunnel did last, for the idle bound.
+#[derive(Debug)]
+struct Activity {
+    /// When bytes last moved, either way.
+    last: Cell<Instant>,
+    /// Writes under way (at most one per direction).
+    writing: Cell<u8>,
+}
+
+impl Activity {
+    fn new(now: Instant) -> Self {
+        Activity {
+            last: Cell::new(now),
+            writing: Cell::new(0),
+        }
+    }
+
+    /// When the tunnel idles out unless bytes move before.
+    fn deadline(&self, idle: Duration) -> Instant {
+        self.last.get() + idle
+    }
+
+    /// At the deadline: whether nothing moved either way for `idle`. A write under way counts
+    /// as activity (it fails by itself when it moves nothing for `idle`), and the wait starts
+    /// again. (The precise clock: with the coarse one, a tick behind, the next deadline could
+    /// already have passed, and the wait would spin.)
+    fn idled(&self, idle: Duration) -> bool {
+        let now = Instant::now();
+        if self.writing.get() > 0 {
+            self.last.set(now);
+            return false;
+        }
+        now.saturating_duration_since(self.last.get()) >= idle
+    }
+}
+
 /// Runs the tunnel until both directions ended, or one failed or idled out. `from_client`
 /// holds client bytes already read (sent right after the upgrade request). Returns the bytes
 /// written to the client.
@@ -63,7 +100,7 @@ pub async fn run(
         return 0;
     };
     let (to_upstream, to_client) = (Cell::new(0), Cell::new(0));
-    let last = Cell::new(w.now());
+    let activity = Activity::new(w.now());
     // (`in_flight` is held to the end: the tunnel counts on its endpoint while it lasts.)
     let Tunnel {
         mut upstream,
@@ -76,7 +113,7 @@ pub async fn run(
         &mut client_read,
         write,
         from_client,
-        &last,
+        &activity,
         idle,
         Way::ToUpstream,
         &to_upstream
@@ -86,7 +123,7 @@ pub async fn run(
         read,
         &mut client_write,
         Some(pending),
-        &last,
+        &activity,
         idle,
         Way::ToClient,
         &to_client
@@ -116,7 +153,7 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     src: &mut R,
     dst: &mut W,
     first: Option<Block>,
-    last: &Cell<Instant>,
+    activity: &Activity,
     idle: Duration,
     way: Way,
     moved: &Cell<u64>,
@@ -126,12 +163,14 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
         if !buf.is_empty() {
             let n = buf.len() as u64;
             let stall = Stall::new(w.now(), idle);
+            activity.writing.set(activity.writing.get() + 1);
             let (res, b) = write_all_by(dst, buf, stall, &w.body_pool).await;
+            activity.writing.set(activity.writing.get() - 1);
             buf = b;
             res?;
             moved.set(moved.get() + n);
             // Bytes that reached a (slow) reader are activity too.
-            last.set(w.now());
+            activity.last.set(w.now());
             let m = w.metrics();
             add(
                 if way == Way::ToClient {
@@ -149,12 +188,10 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
         let (res, b) = {
             let mut read = std::pin::pin!(src.read(buf));
             loop {
-                let deadline = last.get() + idle;
+                let deadline = activity.deadline(idle);
                 match crate::worker::deadline::timeout_at(deadline, read.as_mut()).await {
                     Ok(r) => break r,
-                    // The precise clock: with the coarse one (a tick behind) the next
-                    // deadline could already have passed, and the loop would spin.
-                    Err(_) if Instant::now().saturating_duration_since(last.get()) >= idle => {
+                    Err(_) if activity.idled(idle) => {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "tunnel idle"));
                     }
                     Err(_) => {}
@@ -168,8 +205,28 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
                 let _ = crate::worker::deadline::timeout(idle, dst.shutdown()).await;
                 return Ok(());
             }
-            Ok(_) => last.set(w.now()),
+            Ok(_) => activity.last.set(w.now()),
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tunnel_idles_out_only_when_nothing_moves_either_way() {
+        let idle = Duration::from_millis(50);
+        let a = Activity::new(Instant::now());
+        assert!(!a.idled(idle), "bytes just moved");
+        a.last.set(Instant::now() - 2 * idle);
+        assert!(a.idled(idle), "nothing moved for twice the bound");
+        // A slow write is under way: not idle, and the wait starts again.
+        a.writing.set(1);
+        assert!(!a.idled(idle));
+        assert!(a.deadline(idle) > Instant::now(), "the next look is ahead");
+        a.writing.set(0);
+        assert!(!a.idled(idle), "its progress counted");
     }
 }
