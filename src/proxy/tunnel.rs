@@ -5,14 +5,16 @@
 //! upstream read ──► client write
 //! ```
 //!
-//! Each pump reads into a pooled body block and writes it out before reading again, so a slow
-//! side slows the other (no buffering beyond one block per direction). End of stream on one
-//! side half-closes the other side's write and the opposite direction goes on (a WebSocket
-//! close handshake, a server still sending); an error, or no byte either way for
-//! `tunnel_idle_timeout`, ends both (a write that moves bytes slowly is not idle: it fails on
-//! its own once it moves none for as long). The HTTP timeouts do not apply any more. A worker
-//! that begins to shut down closes its tunnels at once: a session has no natural end the drain
-//! could wait for (its clients reconnect, to another instance).
+//! Each pump reads into a pooled block and writes it out before reading again, so a slow side
+//! slows the other (no buffering beyond one block per direction). A direction that waits holds
+//! a head block; one whose reads fill their block (a burst) moves to a 64 KiB body block until
+//! a read comes up short: an idle WebSocket session keeps two head blocks, not two body
+//! blocks. End of stream on one side half-closes the other side's write and the opposite
+//! direction goes on (a WebSocket close handshake, a server still sending); an error, or no
+//! byte either way for `tunnel_idle_timeout`, ends both (a write that moves bytes slowly is
+//! not idle: it fails on its own once it moves none for as long). The HTTP timeouts do not
+//! apply any more. A worker that begins to shut down closes its tunnels at once: a session
+//! has no natural end the drain could wait for (its clients reconnect, to another instance).
 
 use std::cell::Cell;
 use std::io;
@@ -158,7 +160,9 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     way: Way,
     moved: &Cell<u64>,
 ) -> io::Result<()> {
-    let mut buf = first.unwrap_or_else(|| w.body_pool.take());
+    let mut buf = first.unwrap_or_else(|| w.pool.take());
+    // The last read filled its block: more is likely waiting.
+    let mut burst = false;
     loop {
         if !buf.is_empty() {
             let n = buf.len() as u64;
@@ -181,7 +185,12 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
                 n,
             );
         }
-        w.body_block(&mut buf);
+        if burst {
+            w.body_block(&mut buf);
+        } else {
+            w.head_block(&mut buf);
+        }
+        let spare = buf.spare();
         // Idle means idle both ways: wake up at the deadline and look at the other side's
         // last activity before giving up. The read stays in flight across these looks (a
         // cancelled read could have completed already, and its bytes would be lost).
@@ -205,7 +214,10 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
                 let _ = crate::worker::deadline::timeout(idle, dst.shutdown()).await;
                 return Ok(());
             }
-            Ok(_) => activity.last.set(w.now()),
+            Ok(n) => {
+                activity.last.set(w.now());
+                burst = n == spare;
+            }
             Err(e) => return Err(e),
         }
     }
