@@ -104,8 +104,9 @@ fn a_raw_upgrade_tunnels_bytes_both_ways_with_half_close() {
     let mut c = TcpStream::connect(proxy.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     // Bytes right behind the request ride into the tunnel.
-    c.write_all(b"GET /t HTTP/1.1\r\nHost: x\r\nUpgrade: x-echo, h2c\r\nConnection: keep-alive, Upgrade\r\nKeep-Alive: 5\r\n\r\nearly")
-        .unwrap();
+    let request: &[u8] = b"GET /t HTTP/1.1\r\nHost: x\r\nUpgrade: x-echo, h2c\r\n\
+        Connection: keep-alive, Upgrade\r\nKeep-Alive: 5\r\n\r\nearly";
+    c.write_all(request).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while !got.ends_with(b"helloearly") {
@@ -141,6 +142,12 @@ fn a_raw_upgrade_tunnels_bytes_both_ways_with_half_close() {
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).unwrap();
     assert_eq!(rest, b"bye");
+    // Each client byte counts once, the early ones too. (Each look at the metrics is a
+    // request of its own, counted before its answer: two looks tell its size.)
+    let received = || metrics(proxy.addr)["ringway_client_bytes_received_total"];
+    let (first, second) = (received(), received());
+    let tunnelled = (request.len() + b"ping".len()) as f64;
+    assert_eq!(first - (second - first), tunnelled);
 }
 
 #[test]

@@ -149,6 +149,8 @@ pub async fn run(
 }
 
 /// Moves bytes from `src` to `dst` until `src` ends (then shuts `dst`'s write side down).
+/// `first`: bytes to write before the first read (those from the client were counted when
+/// they were read).
 #[allow(clippy::too_many_arguments)]
 async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     w: &Worker,
@@ -175,15 +177,9 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
             moved.set(moved.get() + n);
             // Bytes that reached a (slow) reader are activity too.
             activity.last.set(w.now());
-            let m = w.metrics();
-            add(
-                if way == Way::ToClient {
-                    &m.bytes_out
-                } else {
-                    &m.bytes_in
-                },
-                n,
-            );
+            if way == Way::ToClient {
+                add(&w.metrics().bytes_out, n);
+            }
         }
         if burst {
             w.body_block(&mut buf);
@@ -217,6 +213,9 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
             Ok(n) => {
                 activity.last.set(w.now());
                 burst = n == spare;
+                if way == Way::ToUpstream {
+                    add(&w.metrics().bytes_in, n as u64);
+                }
             }
             Err(e) => return Err(e),
         }
