@@ -153,13 +153,53 @@ pub(crate) struct RawUpstream {
     pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
 }
 
+/// `Deserialize` for an enum that is a scalar or a table. (An untagged enum would answer a
+/// misspelt key in the table with "data did not match any variant"; this way the table's own
+/// error, naming the unknown key, reaches the operator.)
+macro_rules! scalar_or_table {
+    ($ty:ident, $scalar:ident, $visit:ident($v:ty), $table:ident, $expecting:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Visitor;
+                impl<'de> serde::de::Visitor<'de> for Visitor {
+                    type Value = $ty;
+
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($expecting)
+                    }
+
+                    fn $visit<E: serde::de::Error>(self, v: $v) -> Result<$ty, E> {
+                        Ok($ty::$scalar(v.into()))
+                    }
+
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        map: A,
+                    ) -> Result<$ty, A::Error> {
+                        let table = serde::de::value::MapAccessDeserializer::new(map);
+                        Deserialize::deserialize(table).map($ty::$table)
+                    }
+                }
+                d.deserialize_any(Visitor)
+            }
+        }
+    };
+}
+
 /// An upstream's `tls = true` or `tls = { ... }`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub(crate) enum RawUpstreamTls {
     Flag(bool),
     Table(RawUpstreamTlsTable),
 }
+
+scalar_or_table!(
+    RawUpstreamTls,
+    Flag,
+    visit_bool(bool),
+    Table,
+    "`true`, `false` or a table"
+);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -172,12 +212,19 @@ pub(crate) struct RawUpstreamTlsTable {
 }
 
 /// `"host:port"` or `{ address = "host:port", weight = 2 }`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub(crate) enum RawEndpoint {
     Plain(String),
     Table(RawEndpointTable),
 }
+
+scalar_or_table!(
+    RawEndpoint,
+    Plain,
+    visit_str(&str),
+    Table,
+    "\"host:port\" or a table"
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -187,12 +234,19 @@ pub(crate) struct RawEndpointTable {
 }
 
 /// `"round_robin"` or `{ type = "cookie_hash", cookie = "SID" }`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub(crate) enum RawBalancer {
     Name(String),
     Table(RawBalancerTable),
 }
+
+scalar_or_table!(
+    RawBalancer,
+    Name,
+    visit_str(&str),
+    Table,
+    "a balancer name or a table"
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1566,6 +1566,43 @@ mod tests {
     const MIN: &str = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n";
 
     #[test]
+    fn a_misspelt_key_in_a_scalar_or_table_value_is_named() {
+        let up = |keys: &str| format!("{MIN}[[upstreams]]\nname = \"u\"\n{keys}\n");
+        for (keys, said) in [
+            (
+                "endpoints = [{ adress = \"127.0.0.1:1\" }]",
+                "unknown field `adress`",
+            ),
+            (
+                "endpoints = [\"127.0.0.1:1\"]\ntls = { ca_fil = \"ca.pem\" }",
+                "unknown field `ca_fil`",
+            ),
+            (
+                "endpoints = [\"127.0.0.1:1\"]\nbalancer = { typ = \"ip_hash\" }",
+                "unknown field `typ`",
+            ),
+            (
+                "endpoints = [\"127.0.0.1:1\"]\ntls = \"yes\"",
+                "`true`, `false` or a table",
+            ),
+            ("endpoints = [7]", "\"host:port\" or a table"),
+        ] {
+            let e = err(&up(keys)).to_string();
+            assert!(e.contains(said), "{keys}: {e}");
+        }
+        // Both forms still read.
+        let g = compile(
+            &up(
+                "endpoints = [\"127.0.0.1:1\", { address = \"127.0.0.1:2\", weight = 3 }]\n\
+                 balancer = { type = \"consistent_hash\", header = \"x-user\" }",
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(g.upstreams[0].endpoints.len(), 2);
+    }
+
+    #[test]
     fn request_lines_are_capped_at_what_routing_handles() {
         let e = err(&format!(
             "{MIN}[http]\nmax_head_bytes = 1048576\nmax_request_line_bytes = 70000\n"
