@@ -851,11 +851,15 @@ fn raw_h2c_send_get(addr: SocketAddr, path: &[u8]) -> std::net::TcpStream {
 /// [`raw_h2c_send_get`], with `wide_open`: every window as wide as HTTP/2 allows (see
 /// [`raw_h2_get`]).
 fn raw_h2c_send_get_with(addr: SocketAddr, path: &[u8], wide_open: bool) -> std::net::TcpStream {
+    raw_h2c_send(addr, &raw_h2_get(path, b"a.example", false, wide_open))
+}
+
+/// A connection to `addr` that has sent `bytes`.
+fn raw_h2c_send(addr: SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let out = raw_h2_get(path, b"a.example", false, wide_open);
-    s.write_all(&out).unwrap();
+    s.write_all(bytes).unwrap();
     s
 }
 
@@ -863,8 +867,16 @@ fn raw_h2c_send_get_with(addr: SocketAddr, path: &[u8], wide_open: bool) -> std:
 /// response's outcome: `Ok(first HPACK byte of its HEADERS)` (the indexed `:status`), or
 /// `Err(RST_STREAM error code)`.
 fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
+    raw_h2c_get_with(addr, path, &[])
+}
+
+/// [`raw_h2c_get`] with more fields.
+fn raw_h2c_get_with(addr: SocketAddr, path: &[u8], fields: &[(&[u8], &[u8])]) -> Result<u8, u32> {
     use std::io::Read;
-    let mut s = raw_h2c_send_get(addr, path);
+    let mut s = raw_h2c_send(
+        addr,
+        &raw_h2_get_with(path, b"a.example", false, false, fields),
+    );
     // Frames until a HEADERS or RST_STREAM on stream 1.
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
@@ -887,6 +899,20 @@ fn raw_h2c_get(addr: SocketAddr, path: &[u8]) -> Result<u8, u32> {
             Ok(n) => all.extend_from_slice(&buf[..n]),
         }
     }
+}
+
+#[test]
+fn an_upgrade_field_makes_an_h2_request_malformed() {
+    // RFC 9113 §8.2.2: connection-specific fields (Upgrade among them) make a request
+    // malformed; its stream is reset with PROTOCOL_ERROR, and nothing reaches the upstream.
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::to(origin.addr, "");
+    let upgrade: &[(&[u8], &[u8])] = &[(b"upgrade", b"websocket")];
+    assert_eq!(raw_h2c_get_with(proxy.addr, b"/ws", upgrade), Err(0x1));
+    // The same request with an end-to-end field instead is served.
+    let other: &[(&[u8], &[u8])] = &[(b"x-upgrade", b"websocket")];
+    assert_eq!(raw_h2c_get_with(proxy.addr, b"/ws", other), Ok(0x88));
+    assert_eq!(origin.requests().len(), 1);
 }
 
 #[test]

@@ -721,6 +721,18 @@ where
 /// `wide_open`: every window as wide as HTTP/2 allows (an `INITIAL_WINDOW_SIZE` setting and a
 /// connection WINDOW_UPDATE of 2^31 - 1), so that only the socket holds the response back.
 pub fn raw_h2_get(path: &[u8], authority: &[u8], tls: bool, wide_open: bool) -> Vec<u8> {
+    raw_h2_get_with(path, authority, tls, wide_open, &[])
+}
+
+/// [`raw_h2_get`] with more `fields` after `:authority` (literals with literal names, no
+/// Huffman coding; each name and value shorter than 127 bytes).
+pub fn raw_h2_get_with(
+    path: &[u8],
+    authority: &[u8],
+    tls: bool,
+    wide_open: bool,
+    fields: &[(&[u8], &[u8])],
+) -> Vec<u8> {
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     if wide_open {
         let max = 0x7fff_ffffu32;
@@ -736,6 +748,12 @@ pub fn raw_h2_get(path: &[u8], authority: &[u8], tls: bool, wide_open: bool) -> 
     block.extend_from_slice(path);
     block.extend_from_slice(&[0x01, authority.len() as u8]);
     block.extend_from_slice(authority);
+    for (name, value) in fields {
+        block.extend_from_slice(&[0x00, name.len() as u8]);
+        block.extend_from_slice(name);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value);
+    }
     out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]);
     out.extend_from_slice(&block);
     out
