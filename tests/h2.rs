@@ -575,6 +575,49 @@ fn reset_streams_free_their_slots_when_their_exchanges_are_cancelled() {
 }
 
 #[test]
+fn a_reset_during_a_retrys_pause_ends_the_exchange_without_the_retry() {
+    // `/r` goes to an upstream that answers 503, retried after a pause of up to an hour; the
+    // gateway takes one request at a time. A client that resets its stream during the pause
+    // ends the exchange (and frees its place) at once, and the retry is never sent.
+    let bad = Origin::start(|_| Reply::text(503, "bad"));
+    let ok = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[gateway]\nmax_concurrent_requests = 1\n\
+         [[upstreams]]\nname = \"r\"\nendpoints = [\"{}\"]\n\
+         retries = {{ attempts = 2, retry_on = [\"5xx\"], backoff_base = \"1h\", backoff_max = \"1h\", total_timeout = \"2h\" }}\n\
+         [[upstreams]]\nname = \"ok\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/r\"\nproxy = \"r\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"ok\"\n",
+        bad.addr, ok.addr
+    ));
+    rt().block_on(async {
+        let mut c = h2c(proxy.addr).await;
+        let req = http::Request::builder().uri("http://x/r").body(()).unwrap();
+        let mut ready = c.clone().ready().await.unwrap();
+        let (_resp, mut stream) = ready.send_request(req, true).unwrap();
+        for _ in 0..250 {
+            if !bad.requests().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(bad.requests().len(), 1, "the first attempt");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stream.send_reset(h2::Reason::CANCEL);
+        let mut status = 0;
+        for _ in 0..50 {
+            status = request(&mut c, "GET", "http://x/ok", None).await.0;
+            if status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(status, 200, "the gateway's place was given back");
+    });
+    assert_eq!(bad.requests().len(), 1, "no retry");
+}
+
+#[test]
 fn a_reset_while_the_response_is_awaited_cancels_the_upstream_request() {
     // An origin that takes one request, never answers, and reports when ringway closes.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

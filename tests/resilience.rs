@@ -393,6 +393,28 @@ fn a_refused_reconnect_after_a_stale_pooled_connection_is_a_connect_failure() {
 }
 
 #[test]
+fn a_retry_that_could_not_begin_before_the_total_timeout_is_not_made() {
+    // The pause before a retry is drawn up to an hour: the retry would begin past the 2 s
+    // total timeout (but for a draw under 2 s: 1 in 1,800), so it is not made at all, and
+    // the upstream's own answer goes to the client at once.
+    let (bad, good, p) = retry_setup(
+        503,
+        "attempts = 2, retry_on = [\"5xx\"], backoff_base = \"1h\", backoff_max = \"1h\", \
+         total_timeout = \"2s\"",
+    );
+    let started = std::time::Instant::now();
+    let r = p.connect().get("/");
+    assert_eq!((r.status, r.text().as_str()), (503, "bad"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((bad.requests().len(), good.requests().len()), (1, 0));
+    assert_eq!(upstream_metric(&p, "ringway_upstream_retries_total"), 0.0);
+}
+
+#[test]
 fn a_retry_goes_to_a_different_endpoint() {
     let bad = Origin::start(|_| Reply::text(503, "bad"));
     let good = Origin::ok("good");

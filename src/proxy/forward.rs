@@ -221,16 +221,18 @@ impl<'a> Retry<'a> {
     /// Whether a failure of `class` (`status` for a 5xx) may be retried: attempts left,
     /// method and body allow it (`replayable`), time left, `retry_on` wants it, and the
     /// retry budget has room (counted when it does; `slot` holds the concurrent retry).
+    /// `Some`: the pause before the retry ([`backoff`]).
     pub(super) fn allowed(
         &self,
         class: FailureClass,
         status: u16,
         replayable: bool,
         slot: &mut Option<RetrySlot<'a>>,
-    ) -> bool {
-        self.method_retryable
-            && retry_wanted(&self.up.cfg.retries.retry_on, class, status)
-            && self.admit(replayable, slot)
+    ) -> Option<Duration> {
+        if !self.method_retryable || !retry_wanted(&self.up.cfg.retries.retry_on, class, status) {
+            return None;
+        }
+        self.admit(replayable, slot)
     }
 
     /// Whether a request the upstream did not process (an HTTP/2 stream it refused, or one
@@ -240,29 +242,48 @@ impl<'a> Retry<'a> {
         &self,
         replayable: bool,
         slot: &mut Option<RetrySlot<'a>>,
-    ) -> bool {
+    ) -> Option<Duration> {
         self.admit(replayable, slot)
     }
 
-    fn admit(&self, replayable: bool, slot: &mut Option<RetrySlot<'a>>) -> bool {
+    /// A retry that would begin, after its pause, at or past the total deadline is not made:
+    /// it could only time out (blamed on a sound endpoint) or repeat the request for nothing.
+    fn admit(&self, replayable: bool, slot: &mut Option<RetrySlot<'a>>) -> Option<Duration> {
         let (w, up) = (self.w, self.up);
         let policy = &up.cfg.retries;
-        if self.attempts >= policy.attempts || !replayable || w.now() >= self.total_deadline {
-            return false;
+        if self.attempts >= policy.attempts || !replayable {
+            return None;
+        }
+        let pause = self.pause();
+        if w.now() + pause >= self.total_deadline {
+            return None;
         }
         let stats = up.shared.stats(w.id);
         if !up.budget_allows_retry()
             || (slot.is_none() && !up.shared.retry_begin(up.cfg.retry_budget.max_concurrent))
         {
             add(&stats.budget_exhausted, 1);
-            return false;
+            return None;
         }
         if slot.is_none() {
             *slot = Some(RetrySlot(&up.shared));
         }
         up.count_retry();
         add(&stats.retries, 1);
-        true
+        Some(pause)
+    }
+
+    /// The pause before the next attempt: exponential backoff (`backoff_base` doubling per
+    /// attempt, at most `backoff_max`) with full jitter.
+    fn pause(&self) -> Duration {
+        let p = &self.up.cfg.retries;
+        let shift = self.attempts.saturating_sub(1).min(20);
+        let cap = p.backoff_base.saturating_mul(1 << shift).min(p.backoff_max);
+        let cap_us = cap.as_micros() as u64;
+        if cap_us == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.up.random() % (cap_us + 1))
     }
 }
 
@@ -649,9 +670,11 @@ pub(super) async fn proxy(
                 drop(inflight);
                 record(w, up, &ep, ticket, Err(FailureClass::Connect));
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
-                if may_retry(FailureClass::Connect, 0, !bstate.touched) {
-                    backoff(w, up, attempts, total_deadline).await;
-                    continue;
+                if let Some(pause) = may_retry(FailureClass::Connect, 0, !bstate.touched) {
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !bstate.done).await;
@@ -694,13 +717,20 @@ pub(super) async fn proxy(
                 ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = conn.resp.status;
-                if status >= 500 && may_retry(FailureClass::Status5xx, status, !bstate.touched) {
+                let retry = if status >= 500 {
+                    may_retry(FailureClass::Status5xx, status, !bstate.touched)
+                } else {
+                    None
+                };
+                if let Some(pause) = retry {
                     drop(upc);
                     drop(inflight);
                     record(w, up, &ep, ticket, Err(FailureClass::Status5xx));
                     tracing::debug!(request_id = ?info.rid.as_str(), upstream = %up.cfg.name, endpoint = %ep.addr(), status, "retrying after a 5xx response");
-                    backoff(w, up, attempts, total_deadline).await;
-                    continue;
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 ticket.settle_probe(&up.cfg.breaker, status, w.now_ms());
                 break (ticket, inflight, upc, ubuf);
@@ -710,9 +740,11 @@ pub(super) async fn proxy(
                 let class = failure_class(err.kind());
                 record(w, up, &ep, ticket, Err(class));
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
-                if may_retry(class, 0, !bstate.touched) {
-                    backoff(w, up, attempts, total_deadline).await;
-                    continue;
+                if let Some(pause) = may_retry(class, 0, !bstate.touched) {
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !bstate.done).await;
@@ -796,23 +828,28 @@ pub(super) async fn proxy(
     }
 }
 
-/// Waits before retry number `attempts` (the attempt that failed was number `attempts`):
-/// exponential backoff with full jitter, never past the total deadline. The worker serves
-/// other connections meanwhile.
-pub(super) async fn backoff(w: &Worker, up: &UpstreamRt, attempts: u32, total_deadline: Instant) {
-    let p = &up.cfg.retries;
-    let shift = attempts.saturating_sub(1).min(20);
-    let cap = p.backoff_base.saturating_mul(1 << shift).min(p.backoff_max);
-    let cap_us = cap.as_micros() as u64;
-    if cap_us == 0 {
-        return;
+/// Waits out a retry's `pause` (the worker serves other connections meanwhile). `Err`: the
+/// client went away during it (an HTTP/2 stream's reset, a closed socket), so the retry is
+/// not sent and the exchange ends here, with whether the connection is kept.
+pub(super) async fn backoff(
+    w: &Worker,
+    cg: &CoreGen,
+    conn: &mut ClientConn,
+    info: &ReqInfo,
+    streamed: bool,
+    pause: Duration,
+) -> Result<(), bool> {
+    if pause.is_zero() {
+        return Ok(());
     }
-    let delay = Duration::from_micros(up.random() % (cap_us + 1));
-    let left = total_deadline.saturating_duration_since(w.now());
-    let delay = delay.min(left);
-    if !delay.is_zero() {
-        crate::worker::deadline::sleep(delay).await;
+    let gone = queue_watch(w, cg, conn, streamed);
+    let sleep = pin!(crate::worker::deadline::sleep(pause));
+    if unless_gone(gone.as_ref(), sleep).await.is_some() {
+        return Ok(());
     }
+    drop(gone);
+    conn.consume_head(conn.head.len);
+    Err(fail(w, cg, conn, info, cancelled(), true).await)
 }
 
 /// Reads a whole Content-Length body of `n` bytes (within the replay buffer limit) into

@@ -909,18 +909,19 @@ pub(super) async fn proxy(
                 ep.observe_latency(elapsed, done);
                 up.record_latency(elapsed);
                 let status = r.status().as_u16();
-                if status >= 500
-                    && retry.allowed(
-                        FailureClass::Status5xx,
-                        status,
-                        !body_touched,
-                        &mut retry_slot,
-                    )
-                {
+                let again = if status >= 500 {
+                    let class = FailureClass::Status5xx;
+                    retry.allowed(class, status, !body_touched, &mut retry_slot)
+                } else {
+                    None
+                };
+                if let Some(pause) = again {
                     drop(inflight);
                     record(w, up, &ep, ticket, Err(FailureClass::Status5xx));
-                    backoff(w, up, attempts, plan.total_deadline).await;
-                    continue;
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 ticket.settle_probe(&up.cfg.breaker, status, w.now_ms());
                 break (ticket, inflight, r, slot);
@@ -929,9 +930,11 @@ pub(super) async fn proxy(
                 drop(inflight);
                 record(w, up, &ep, ticket, Err(class));
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
-                if retry.allowed(class, 0, !body_touched, &mut retry_slot) {
-                    backoff(w, up, attempts, plan.total_deadline).await;
-                    continue;
+                if let Some(pause) = retry.allowed(class, 0, !body_touched, &mut retry_slot) {
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 conn.consume_head(head_len);
                 return fail(w, cg, conn, info, err, !body_read).await;
@@ -947,9 +950,15 @@ pub(super) async fn proxy(
                     attempts -= 1; // not an attempt of the retry policy
                     continue;
                 }
-                if !body_touched && retry.allowed_unprocessed(true, &mut retry_slot) {
-                    backoff(w, up, attempts, plan.total_deadline).await;
-                    continue;
+                let again = match body_touched {
+                    false => retry.allowed_unprocessed(true, &mut retry_slot),
+                    true => None,
+                };
+                if let Some(pause) = again {
+                    match backoff(w, cg, conn, info, streamed, pause).await {
+                        Ok(()) => continue,
+                        Err(keep) => return keep,
+                    }
                 }
                 log_upstream(info, &up.cfg.name, Some(ep.addr()), &err);
                 conn.consume_head(head_len);
