@@ -24,6 +24,10 @@ pub use stream::{TlsReadHalf, TlsStream, TlsWriteHalf};
 /// ALPN protocols offered to clients, most preferred first.
 pub const ALPN_HTTP11: &[u8] = b"http/1.1";
 
+/// ALPN protocol id of HTTP/1.0: offered too, so that a client that offers only it (as some
+/// curl versions do with `--http1.0`) is not refused the handshake (RFC 7301 §3.2's alert).
+pub const ALPN_HTTP10: &[u8] = b"http/1.0";
+
 /// A listener's TLS settings, compiled.
 #[derive(Debug)]
 pub struct TlsListener {
@@ -140,9 +144,9 @@ pub fn build(spec: &TlsSpec) -> Result<TlsListener, String> {
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = if spec.h2 {
-        vec![b"h2".to_vec(), ALPN_HTTP11.to_vec()]
+        vec![b"h2".to_vec(), ALPN_HTTP11.to_vec(), ALPN_HTTP10.to_vec()]
     } else {
-        vec![ALPN_HTTP11.to_vec()]
+        vec![ALPN_HTTP11.to_vec(), ALPN_HTTP10.to_vec()]
     };
     Ok(TlsListener {
         config: Arc::new(config),
