@@ -258,8 +258,12 @@ fn a_host_other_than_the_sni_name_gets_421_unless_relaxed() {
         "the connection goes on"
     );
     assert!(origin.requests().len() == 1);
-    // A client that offers HTTP/1.0 only is served over it.
-    for request in ["GET / HTTP/1.0\r\nHost: a.test\r\n\r\n"] {
+    // A client that offers HTTP/1.0 only is served over it; a request without a host names
+    // no other host than the SNI name.
+    for request in [
+        "GET / HTTP/1.0\r\nHost: a.test\r\n\r\n",
+        "GET / HTTP/1.0\r\n\r\n",
+    ] {
         let (mut s, _) = handshake(addr, "a.test", b"http/1.0");
         s.write_all(request.as_bytes()).unwrap();
         let r = read_response(&mut BufReader::new(s), false).expect("a response");

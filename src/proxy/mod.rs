@@ -573,11 +573,15 @@ async fn dispatch(
 
 /// Whether a request for `host` (port and a final dot ignored, any case) came on a TLS
 /// connection whose SNI name is another one (RFC 9110 §15.5.20: 421): certificates are chosen by
-/// SNI, so such a request could reach a host whose certificate the client never checked.
+/// SNI, so such a request could reach a host whose certificate the client never checked. A
+/// request without a host (HTTP/1.0) names no other one: it takes the routes of no host.
 fn misdirected(sni: Option<&str>, host: &[u8]) -> bool {
     let Some(sni) = sni else {
         return false;
     };
+    if host.is_empty() {
+        return false;
+    }
     let (host, _) = crate::http1::head::split_host_port(host);
     let host = host.strip_suffix(b".").unwrap_or(host);
     !host.eq_ignore_ascii_case(sni.trim_end_matches('.').as_bytes())
