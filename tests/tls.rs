@@ -89,12 +89,9 @@ impl TlsClient {
     }
 }
 
-/// A TLS connection to `addr` for `sni` that agreed on `alpn`, and the certificate presented.
-fn handshake(
-    addr: SocketAddr,
-    sni: &str,
-    alpn: &[u8],
-) -> (StreamOwned<ClientConnection, TcpStream>, Vec<u8>) {
+/// A client config offering `alpn` that takes any certificate and remembers the one
+/// presented; it keeps sessions to resume, as clients do.
+fn client_config(alpn: &[u8]) -> (Arc<ClientConfig>, Arc<Capture>) {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let capture = Arc::new(Capture(Mutex::new(None), provider.clone()));
     let mut config = ClientConfig::builder_with_provider(provider)
@@ -104,8 +101,34 @@ fn handshake(
         .with_custom_certificate_verifier(capture.clone())
         .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
+    (Arc::new(config), capture)
+}
+
+/// A TLS connection to `addr` for `sni` that agreed on `alpn`, and the certificate presented.
+fn handshake(
+    addr: SocketAddr,
+    sni: &str,
+    alpn: &[u8],
+) -> (StreamOwned<ClientConnection, TcpStream>, Vec<u8>) {
+    let (config, capture) = client_config(alpn);
+    let stream = handshake_with(addr, sni, &config);
+    assert_eq!(
+        stream.conn.alpn_protocol(),
+        Some(alpn),
+        "the protocol asked for"
+    );
+    let presented = capture.0.lock().unwrap().clone().unwrap();
+    (stream, presented)
+}
+
+/// A TLS connection to `addr` for `sni` with `config`, handshake done.
+fn handshake_with(
+    addr: SocketAddr,
+    sni: &str,
+    config: &Arc<ClientConfig>,
+) -> StreamOwned<ClientConnection, TcpStream> {
     let conn = ClientConnection::new(
-        Arc::new(config),
+        config.clone(),
         ServerName::try_from(sni.to_string()).unwrap(),
     )
     .unwrap();
@@ -119,13 +142,7 @@ fn handshake(
             .complete_io(&mut stream.sock)
             .expect("handshake");
     }
-    assert_eq!(
-        stream.conn.alpn_protocol(),
-        Some(alpn),
-        "the protocol asked for"
-    );
-    let presented = capture.0.lock().unwrap().clone().unwrap();
-    (stream, presented)
+    stream
 }
 
 /// A TLS listener config: `default` for `default.test`, `a` for `a.test`, `b` for
@@ -290,6 +307,16 @@ fn new_certificates_apply_to_new_handshakes_and_old_connections_go_on() {
     let mut old = TlsClient::connect(addr, "a.test");
     assert_eq!(old.presented, certs.a);
     assert_eq!(old.request("a.test", "/").status, 200);
+    // A client that keeps its sessions: one made now (its ticket comes with the answer).
+    let (resuming, _) = client_config(b"http/1.1");
+    let mut s = BufReader::new(handshake_with(addr, "a.test", &resuming));
+    s.get_mut()
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        read_response(&mut s, false).expect("a response").status,
+        200
+    );
 
     // Replace a.test's certificate and key (a renewal): the file watch reloads.
     let (pem, key, der) = cert(&["a.test"]);
@@ -300,6 +327,12 @@ fn new_certificates_apply_to_new_handshakes_and_old_connections_go_on() {
     });
     assert!(renewed, "the new certificate is served");
     assert!(server.generation() >= 2);
+    // Sessions outlive the reload: the client resumes its own, no full handshake.
+    let resumed = handshake_with(addr, "a.test", &resuming);
+    assert_eq!(
+        resumed.conn.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
     // The connection made before the renewal still serves requests.
     assert_eq!(old.request("a.test", "/still").status, 200);
     // A broken file is refused; the running certificates stay.

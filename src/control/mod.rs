@@ -238,6 +238,12 @@ impl Control {
         let endpoints = resolve(&gen, &book, Some(&current), true)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let old = &current.gen;
+        for l in &mut gen.listeners {
+            let old_tls = old.listener(l.address).and_then(|o| o.tls.as_ref());
+            if let (Some(tls), Some(old_tls)) = (l.tls.as_mut(), old_tls) {
+                *tls = Arc::new(tls.keeping_sessions_of(old_tls));
+            }
+        }
 
         // What a reload cannot change: keep running with it, say so.
         let mut restart = Vec::new();

@@ -42,6 +42,21 @@ pub struct TlsListener {
     pub files: Vec<(PathBuf, Option<crate::config::FileStamp>)>,
 }
 
+impl TlsListener {
+    /// The same settings, with `other`'s session cache: sessions made before a reload (a
+    /// route edit, a renewed certificate) are resumed after it, not all handshaken again.
+    pub fn keeping_sessions_of(&self, other: &TlsListener) -> TlsListener {
+        let mut config = (*self.config).clone();
+        config.session_storage = other.config.session_storage.clone();
+        TlsListener {
+            config: Arc::new(config),
+            strict_sni: self.strict_sni,
+            handshake_timeout: self.handshake_timeout,
+            files: self.files.clone(),
+        }
+    }
+}
+
 /// Two listeners' TLS settings are the same when they are the same compiled object.
 impl PartialEq for TlsListener {
     fn eq(&self, other: &Self) -> bool {
