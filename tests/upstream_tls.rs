@@ -57,7 +57,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// An HTTP/1.1-over-TLS origin: answers `sni=<name> n=<request number on this connection>`,
-/// and records the client certificate's presence. `client_ca`: require client certificates.
+/// and records the client certificate's presence (and a hash of it). `client_ca`: require
+/// client certificates.
 fn tls_origin(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -100,10 +101,11 @@ fn tls_origin(
                     let Some(_req) = req else { return };
                     n += 1;
                     let sni = tls.conn.server_name().unwrap_or("-").to_string();
-                    let client = tls.conn.peer_certificates().is_some();
+                    let client = tls.conn.peer_certificates().and_then(|c| c.first());
+                    let hash = client.map_or(0, |c| fnv(c.as_ref()));
                     seen.lock()
                         .unwrap()
-                        .push(format!("{sni} client_cert={client}"));
+                        .push(format!("{sni} client_cert={} {hash:x}", client.is_some()));
                     let body = format!("sni={sni} n={n}");
                     let resp = format!(
                         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
@@ -209,7 +211,7 @@ fn a_client_certificate_is_presented_when_configured() {
         "",
     );
     assert_eq!(p.connect().get("/").status, 200);
-    assert_eq!(seen.lock().unwrap()[0], "origin.test client_cert=true");
+    assert!(seen.lock().unwrap()[0].starts_with("origin.test client_cert=true "));
     drop(p);
     // Without it the origin refuses the handshake.
     let p = proxy(
@@ -218,6 +220,42 @@ fn a_client_certificate_is_presented_when_configured() {
         "retries = { attempts = 1 }",
     );
     assert_eq!(p.connect().get("/").status, 502);
+}
+
+#[test]
+fn a_client_certificate_renewed_in_place_is_taken_up_by_itself() {
+    let dir = Dir::new("up-mtls-renew");
+    let ca = Ca::new();
+    dir.write_file("ca.pem", ca.cert.pem().as_bytes());
+    let (_, _, chain, key) = ca.leaf(&["origin.test"]);
+    let (cpem, ckey, _, _) = ca.leaf(&["ringway.client"]);
+    dir.write_file("client.pem", cpem.as_bytes());
+    dir.write_file("client.key", ckey.as_bytes());
+    let (origin, seen) = tls_origin(chain, key, Some(ca.cert.der().clone()));
+    let d = dir.0.display().to_string();
+    let (server, addr) = start_in(
+        &dir,
+        &format!(
+            "workers = 1\ncpus = []\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\n\
+             tls = {{ ca_file = \"{d}/ca.pem\", server_name = \"origin.test\", client_cert = \"{d}/client.pem\", client_key = \"{d}/client.key\" }}\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+        ),
+    );
+    assert_eq!(Client::connect(addr).get("/").status, 200);
+    let first = seen.lock().unwrap()[0].clone();
+    // A renewal written in place (no signal, no config edit): the files are watched, and
+    // new upstream connections present the new certificate.
+    let (cpem, ckey, _, _) = ca.leaf(&["ringway.client"]);
+    dir.write_file("client.key", ckey.as_bytes());
+    dir.write_file("client.pem", cpem.as_bytes());
+    let renewed = wait_until(Duration::from_secs(10), || {
+        Client::connect(addr).get("/").status == 200 && seen.lock().unwrap().last() != Some(&first)
+    });
+    let last = seen.lock().unwrap().last().cloned();
+    assert!(renewed, "still {last:?}");
+    server.shutdown();
+    server.join();
 }
 
 #[test]

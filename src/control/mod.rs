@@ -155,14 +155,15 @@ pub struct Control {
     cert_files: Vec<(PathBuf, Option<FileStamp>)>,
 }
 
-/// The certificate files `gen` read, stamped before they were read (a file replaced while
-/// the config compiled then differs from its stamp at the next poll, not only at its next
-/// change).
+/// The certificate files `gen` read, listeners' and upstreams' (CA files, client
+/// certificates), stamped before they were read (a file replaced while the config compiled
+/// then differs from its stamp at the next poll, not only at its next change).
 fn cert_files(gen: &Generation) -> Vec<(PathBuf, Option<FileStamp>)> {
-    gen.listeners
-        .iter()
-        .filter_map(|l| l.tls.as_ref())
+    let listeners = gen.listeners.iter().filter_map(|l| l.tls.as_ref());
+    let upstreams = gen.upstreams.iter().filter_map(|u| u.tls.as_ref());
+    listeners
         .flat_map(|t| t.files.iter().cloned())
+        .chain(upstreams.flat_map(|t| t.files.iter().cloned()))
         .collect()
 }
 

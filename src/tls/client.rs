@@ -37,6 +37,9 @@ pub struct UpstreamTls {
     /// read. Equal across reloads when nothing changed (connections stay pooled), different
     /// when a file was rotated in place.
     pub fingerprint: u64,
+    /// The CA file and client certificate and key (watched for changes, as a listener's
+    /// certificates), each stamped just before it was read.
+    pub files: Vec<(std::path::PathBuf, Option<crate::config::FileStamp>)>,
 }
 
 impl PartialEq for UpstreamTls {
@@ -67,6 +70,14 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
         ServerName::try_from(name.as_str())
             .map_err(|_| format!("tls.server_name `{name}` is not a DNS name or IP address"))?;
     }
+    let mut paths: Vec<&PathBuf> = spec.ca_file.iter().collect();
+    if let Some((cert, key)) = &spec.client_cert {
+        paths.extend([cert, key]);
+    }
+    let files = paths
+        .into_iter()
+        .map(|f| (f.clone(), crate::config::stamp(f)))
+        .collect();
     // Deterministic within the process, which is all the comparison needs.
     let mut digest = std::hash::DefaultHasher::new();
     (spec.insecure_skip_verify, &spec.server_name, alpn).hash(&mut digest);
@@ -129,6 +140,7 @@ pub fn build(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<UpstreamTls, Stri
         config: Arc::new(config),
         server_name: spec.server_name.clone(),
         fingerprint: digest.finish(),
+        files,
     })
 }
 
