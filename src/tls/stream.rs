@@ -31,6 +31,10 @@ use monoio::BufResult;
 
 /// Ciphertext read per socket read (a little more than one full TLS record).
 const CIPHER_READ: usize = 17 * 1024;
+/// Ciphertext read per socket read while the peer sends little (a request head, a small
+/// answer): an idle keep-alive connection's read waits in this much, not in [`CIPHER_READ`],
+/// whose pages a burst before touched. A read that fills it moves back to [`CIPHER_READ`].
+const CIPHER_READ_SMALL: usize = 4 * 1024;
 /// Plaintext scratch: one TLS record's worth.
 const PLAIN_SCRATCH: usize = 16 * 1024;
 /// Ciphertext output buffer a connection keeps between writes; one that grew past it for a
@@ -54,6 +58,8 @@ pub struct TlsReadHalf {
     cipher: Vec<u8>,
     pos: usize,
     eof: bool,
+    /// The last socket read filled its buffer: more is likely waiting.
+    burst: bool,
 }
 
 /// The write side: plaintext in, ciphertext out.
@@ -123,11 +129,22 @@ impl TlsReadHalf {
         if self.pos >= self.cipher.len() {
             let mut v = std::mem::take(&mut self.cipher);
             v.clear();
-            v.reserve(CIPHER_READ);
+            let size = if self.burst {
+                CIPHER_READ
+            } else {
+                CIPHER_READ_SMALL
+            };
+            if v.capacity() > size {
+                v = Vec::new();
+            }
+            v.reserve_exact(size);
+            let spare = v.capacity();
             let (res, v) = self.io.read(v).await;
             self.cipher = v;
             self.pos = 0;
-            if res? == 0 {
+            let n = res?;
+            self.burst = n == spare;
+            if n == 0 {
                 self.eof = true;
                 let mut tls = self.tls.borrow_mut();
                 tls.read_tls(&mut &[][..])?;
@@ -279,6 +296,7 @@ impl TlsStream {
                 cipher: Vec::new(),
                 pos: 0,
                 eof: false,
+                burst: false,
             },
             w: TlsWriteHalf {
                 tls,
