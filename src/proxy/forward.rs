@@ -555,6 +555,8 @@ pub(super) async fn proxy(
     };
     let total_deadline = w.now() + policy.total_timeout;
     let try_timeout = policy.per_try_timeout.unwrap_or(response_timeout);
+    // How long a half-open probe may take before its round is stale (see `Breaker::admit`).
+    let try_ms = try_timeout.as_millis() as u64;
     let key = if up.needs_key() {
         request_key(&up.cfg.balancer, conn)
     } else {
@@ -609,7 +611,7 @@ pub(super) async fn proxy(
         conn.log.endpoint = None;
         let mut ticket = Ticket {
             breaker: &up.shared.breaker,
-            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
+            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms(), try_ms),
             recorded: false,
         };
         if let Admit::Reject(secs) = ticket.admit {

@@ -553,13 +553,15 @@ pub(super) async fn proxy(
     let mut duplex_rest: Option<DuplexPump<'_>>;
     // Interim responses passed on to the client, over all attempts.
     let mut relayed = 0;
+    // How long a half-open probe may take before its round is stale (see `Breaker::admit`).
+    let try_ms = plan.try_timeout.as_millis() as u64;
     let (ticket, inflight, resp, stream_slot) = loop {
         duplex_rest = None;
         attempts += 1;
         conn.log.endpoint = None;
         let mut ticket = Ticket {
             breaker: &up.shared.breaker,
-            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms()),
+            admit: up.shared.breaker.admit(&up.cfg.breaker, w.now_ms(), try_ms),
             recorded: false,
         };
         if let Admit::Reject(secs) = ticket.admit {

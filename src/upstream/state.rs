@@ -343,6 +343,15 @@ const PROBE_ONE: u64 = 1 << PROBE_SHIFT;
 /// When the circuit opened (ms since the server's epoch): the bits above.
 const STAMP_SHIFT: u32 = 18;
 
+/// The word of a half-open round that begins at `now_ms` with its first probe, after the
+/// round (or the open state) stamped `previous`. The stamp is the round's start less the
+/// open duration (`stamp + open_ms` is when the round began) and never `previous` again: a
+/// probe of an earlier round can neither decide nor free a permit of this one.
+fn half_open_round(previous: u64, now_ms: u64, open_ms: u64) -> u64 {
+    let stamp = now_ms.saturating_sub(open_ms).max(previous + 1);
+    (stamp << STAMP_SHIFT) | PROBE_ONE | HALF_OPEN
+}
+
 /// What the breaker says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
@@ -387,7 +396,11 @@ impl Breaker {
     }
 
     /// Whether a request may go, given the breaker config (disabled: always).
-    pub fn admit(&self, cfg: &BreakerConfig, now_ms: u64) -> Admit {
+    /// `probe_timeout_ms`: how long a half-open round's probes may go without an outcome (the
+    /// upstream's try timeout). Past it, a round whose permits are all out is stale (a probe
+    /// whose request body streams for minutes, say, must not refuse everyone else as long):
+    /// the next request starts a new round, and the stale probes can no longer decide.
+    pub fn admit(&self, cfg: &BreakerConfig, now_ms: u64, probe_timeout_ms: u64) -> Admit {
         if cfg.failure_threshold == 0 {
             // Turned off by a reload while open: closed from now on (the state is reported).
             if self.word.load(Ordering::Relaxed) & STATE_MASK != CLOSED {
@@ -409,20 +422,23 @@ impl Breaker {
                     }
                     // The first request after the open duration starts the half-open round
                     // as its first probe.
-                    (opened << STAMP_SHIFT) | PROBE_ONE | HALF_OPEN
+                    half_open_round(opened, now_ms, open_ms)
                 }
                 _ => {
-                    if (w & PROBE_MASK) >> PROBE_SHIFT >= max {
+                    if (w & PROBE_MASK) >> PROBE_SHIFT < max {
+                        w + PROBE_ONE
+                    } else if now_ms.saturating_sub(opened + open_ms) < probe_timeout_ms.max(1) {
                         return Admit::Reject(1);
+                    } else {
+                        half_open_round(opened, now_ms, open_ms)
                     }
-                    w + PROBE_ONE
                 }
             };
             match self
                 .word
                 .compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Admit::Probe(opened),
+                Ok(_) => return Admit::Probe(next >> STAMP_SHIFT),
                 Err(current) => w = current,
             }
         }
@@ -653,7 +669,7 @@ mod tests {
         let b = Breaker::default();
         let cfg = breaker_cfg();
         for _ in 0..2 {
-            assert_eq!(b.admit(&cfg, 0), Admit::Allow);
+            assert_eq!(b.admit(&cfg, 0, 60_000), Admit::Allow);
             b.record(&cfg, Admit::Allow, false, 0);
         }
         b.record(&cfg, Admit::Allow, true, 0);
@@ -661,19 +677,19 @@ mod tests {
             b.record(&cfg, Admit::Allow, false, 1000);
         }
         assert_eq!(b.state().0, BreakerState::Open);
-        assert_eq!(b.admit(&cfg, 1000), Admit::Reject(10));
-        assert_eq!(b.admit(&cfg, 10_500), Admit::Reject(1));
+        assert_eq!(b.admit(&cfg, 1000, 60_000), Admit::Reject(10));
+        assert_eq!(b.admit(&cfg, 10_500, 60_000), Admit::Reject(1));
         // Half-open: exactly half_open_max probes.
-        let first = b.admit(&cfg, 11_000);
-        assert_eq!(first, Admit::Probe(1000));
+        let first = b.admit(&cfg, 11_000, 60_000);
+        assert_eq!(first, Admit::Probe(1001));
         assert_eq!(b.state().0, BreakerState::HalfOpen);
-        let second = b.admit(&cfg, 11_000);
-        assert_eq!(second, Admit::Probe(1000));
-        assert_eq!(b.admit(&cfg, 11_000), Admit::Reject(1));
+        let second = b.admit(&cfg, 11_000, 60_000);
+        assert_eq!(second, Admit::Probe(1001));
+        assert_eq!(b.admit(&cfg, 11_000, 60_000), Admit::Reject(1));
         // A permit given back makes room for one more.
         b.release_probe(second);
-        let second = b.admit(&cfg, 11_000);
-        assert_eq!(second, Admit::Probe(1000));
+        let second = b.admit(&cfg, 11_000, 60_000);
+        assert_eq!(second, Admit::Probe(1001));
         b.record(&cfg, first, false, 11_500);
         assert_eq!(b.state(), (BreakerState::Open, 11_500));
         // The round's other probe ends later: neither its permit nor its outcome reaches
@@ -681,28 +697,57 @@ mod tests {
         b.release_probe(second);
         b.record(&cfg, second, true, 11_600);
         assert_eq!(b.state(), (BreakerState::Open, 11_500));
-        let a = b.admit(&cfg, 21_500);
-        assert_eq!(a, Admit::Probe(11_500));
-        assert_eq!(b.admit(&cfg, 21_500), Admit::Probe(11_500));
+        let a = b.admit(&cfg, 21_500, 60_000);
+        assert_eq!(a, Admit::Probe(11_501));
+        assert_eq!(b.admit(&cfg, 21_500, 60_000), Admit::Probe(11_501));
         b.release_probe(second);
-        assert_eq!(b.admit(&cfg, 21_500), Admit::Reject(1));
+        assert_eq!(b.admit(&cfg, 21_500, 60_000), Admit::Reject(1));
         b.record(&cfg, a, true, 21_600);
         assert_eq!(b.state().0, BreakerState::Closed);
-        assert_eq!(b.admit(&cfg, 21_600), Admit::Allow);
+        assert_eq!(b.admit(&cfg, 21_600, 60_000), Admit::Allow);
         // Disabled.
         let off = BreakerConfig {
             failure_threshold: 0,
             ..cfg
         };
-        assert_eq!(Breaker::default().admit(&off, 0), Admit::Allow);
+        assert_eq!(Breaker::default().admit(&off, 0, 60_000), Admit::Allow);
         // Turned off (a reload) while open: it reports closed once requests flow again.
         let b = Breaker::default();
         for t in 0..3 {
-            let a = b.admit(&cfg, t);
+            let a = b.admit(&cfg, t, 60_000);
             b.record(&cfg, a, false, t);
         }
         assert_eq!(b.state().0, BreakerState::Open);
-        assert_eq!(b.admit(&off, 10), Admit::Allow);
+        assert_eq!(b.admit(&off, 10, 60_000), Admit::Allow);
+        assert_eq!(b.state().0, BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_round_whose_probes_take_too_long_gives_way_to_a_new_one() {
+        let b = Breaker::default();
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            open_duration: Duration::from_secs(10),
+            half_open_max: 1,
+        };
+        b.record(&cfg, Admit::Allow, false, 0);
+        // The round begins at 10 s with a probe that takes long (an upload, say).
+        let slow = b.admit(&cfg, 10_000, 5_000);
+        assert!(matches!(slow, Admit::Probe(_)), "{slow:?}");
+        assert_eq!(b.admit(&cfg, 14_999, 5_000), Admit::Reject(1));
+        // Past the probe timeout the round is stale: a new one, with a new probe.
+        let fresh = b.admit(&cfg, 15_100, 5_000);
+        assert!(
+            matches!(fresh, Admit::Probe(_)) && fresh != slow,
+            "{fresh:?}"
+        );
+        assert_eq!(b.admit(&cfg, 16_000, 5_000), Admit::Reject(1));
+        // The stale probe decides nothing, and its permit is not the new round's.
+        b.record(&cfg, slow, true, 16_000);
+        b.release_probe(slow);
+        assert_eq!(b.state().0, BreakerState::HalfOpen);
+        assert_eq!(b.admit(&cfg, 16_000, 5_000), Admit::Reject(1));
+        b.record(&cfg, fresh, true, 16_500);
         assert_eq!(b.state().0, BreakerState::Closed);
     }
 
@@ -722,7 +767,7 @@ mod tests {
                 let (b, out, over, cfg) = (b.clone(), out.clone(), over.clone(), cfg.clone());
                 std::thread::spawn(move || {
                     for _ in 0..20_000 {
-                        if let a @ Admit::Probe(_) = b.admit(&cfg, 10_000) {
+                        if let a @ Admit::Probe(_) = b.admit(&cfg, 10_000, 60_000) {
                             if out.fetch_add(1, Ordering::SeqCst) >= cfg.half_open_max {
                                 over.fetch_add(1, Ordering::SeqCst);
                             }
