@@ -194,9 +194,10 @@ fn a_wrong_ca_is_refused_unless_verification_is_explicitly_off() {
     assert_eq!(p.connect().get("/").status, 200);
 }
 
-#[test]
-fn a_client_certificate_is_presented_when_configured() {
-    let dir = Dir::new("up-mtls");
+/// An origin that asks for a client certificate under a fresh CA, whose files (`ca.pem`,
+/// `client.pem`, `client.key`) are written to `dir`: the origin's address and record, the CA
+/// (for a renewal) and the upstream's `tls` value.
+fn mtls_origin(dir: &Dir) -> (SocketAddr, Arc<Mutex<Vec<String>>>, Ca, String) {
     let ca = Ca::new();
     dir.write_file("ca.pem", ca.cert.pem().as_bytes());
     let (_, _, chain, key) = ca.leaf(&["origin.test"]);
@@ -205,11 +206,16 @@ fn a_client_certificate_is_presented_when_configured() {
     dir.write_file("client.key", ckey.as_bytes());
     let (origin, seen) = tls_origin(chain, key, Some(ca.cert.der().clone()));
     let d = dir.0.display().to_string();
-    let p = proxy(
-        origin,
-        &format!("{{ ca_file = \"{d}/ca.pem\", server_name = \"origin.test\", client_cert = \"{d}/client.pem\", client_key = \"{d}/client.key\" }}"),
-        "",
-    );
+    let tls = format!("{{ ca_file = \"{d}/ca.pem\", server_name = \"origin.test\", client_cert = \"{d}/client.pem\", client_key = \"{d}/client.key\" }}");
+    (origin, seen, ca, tls)
+}
+
+#[test]
+fn a_client_certificate_is_presented_when_configured() {
+    let dir = Dir::new("up-mtls");
+    let (origin, seen, _, tls) = mtls_origin(&dir);
+    let d = dir.0.display().to_string();
+    let p = proxy(origin, &tls, "");
     assert_eq!(p.connect().get("/").status, 200);
     assert!(seen.lock().unwrap()[0].starts_with("origin.test client_cert=true "));
     drop(p);
@@ -225,20 +231,12 @@ fn a_client_certificate_is_presented_when_configured() {
 #[test]
 fn a_client_certificate_renewed_in_place_is_taken_up_by_itself() {
     let dir = Dir::new("up-mtls-renew");
-    let ca = Ca::new();
-    dir.write_file("ca.pem", ca.cert.pem().as_bytes());
-    let (_, _, chain, key) = ca.leaf(&["origin.test"]);
-    let (cpem, ckey, _, _) = ca.leaf(&["ringway.client"]);
-    dir.write_file("client.pem", cpem.as_bytes());
-    dir.write_file("client.key", ckey.as_bytes());
-    let (origin, seen) = tls_origin(chain, key, Some(ca.cert.der().clone()));
-    let d = dir.0.display().to_string();
+    let (origin, seen, ca, tls) = mtls_origin(&dir);
     let (server, addr) = start_in(
         &dir,
         &format!(
             "workers = 1\ncpus = []\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
-             [[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\n\
-             tls = {{ ca_file = \"{d}/ca.pem\", server_name = \"origin.test\", client_cert = \"{d}/client.pem\", client_key = \"{d}/client.key\" }}\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [\"{origin}\"]\ntls = {tls}\n\
              [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
         ),
     );

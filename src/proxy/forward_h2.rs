@@ -787,26 +787,12 @@ pub(super) async fn proxy(
                                 break 'attempt Attempt::Client(e);
                             }
                         }
-                        let after = head_after_body(
-                            w,
-                            cg,
-                            conn,
-                            info,
-                            head.as_mut(),
-                            after_body,
-                            &mut gone,
-                            pipelined,
-                            &mut relayed,
-                        );
-                        match after.await {
-                            Ok(r) => r,
-                            Err(e) => break 'attempt Attempt::Client(e),
-                        }
+                        None
                     }
                     Either::Right(resp) => {
                         responding.set(true);
                         duplex_rest = Some(pump);
-                        resp
+                        Some(resp)
                     }
                 }
             } else {
@@ -884,21 +870,28 @@ pub(super) async fn proxy(
                     }
                     // The upstream stopped taking the body: it may have answered already.
                 }
-                // A client's reset ends the wait (and the upstream stream with it).
-                let after = head_after_body(
-                    w,
-                    cg,
-                    conn,
-                    info,
-                    head.as_mut(),
-                    after_body,
-                    &mut gone,
-                    pipelined,
-                    &mut relayed,
-                );
-                match after.await {
-                    Ok(r) => r,
-                    Err(e) => break 'attempt Attempt::Client(e),
+                None
+            };
+            // `None`: the request is all sent and its head still to come. A client's reset
+            // ends the wait (and the upstream stream with it).
+            let resp = match resp {
+                Some(resp) => resp,
+                None => {
+                    let after = head_after_body(
+                        w,
+                        cg,
+                        conn,
+                        info,
+                        head.as_mut(),
+                        after_body,
+                        &mut gone,
+                        pipelined,
+                        &mut relayed,
+                    );
+                    match after.await {
+                        Ok(r) => r,
+                        Err(e) => break 'attempt Attempt::Client(e),
+                    }
                 }
             };
             head_outcome(resp)

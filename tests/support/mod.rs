@@ -518,6 +518,24 @@ pub fn raw_origin(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
 }
 
 /// An upstream sending 103 Early Hints, then its answer, on every connection.
+/// Asserts that `GET /` through ringway at `addr` reaches an HTTP/1.1 client as the interim
+/// response `hint` (its head up to the blank line), then a 200 with body `ok`, and an HTTP/1.0
+/// client as the 200 alone.
+pub fn assert_interim_reaches_http11_only(addr: SocketAddr, hint: &str) {
+    let mut c = Client::connect(addr);
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(
+        back.starts_with(&format!("{hint}\r\n\r\nHTTP/1.1 200 OK\r\n")),
+        "{back}"
+    );
+    assert!(back.ends_with("\r\n\r\nok"), "{back}");
+    let mut c = Client::connect(addr);
+    c.send(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n");
+    let back = String::from_utf8(c.read_to_end()).unwrap();
+    assert!(back.starts_with("HTTP/1.1 200 OK\r\n"), "{back}");
+}
+
 pub fn early_hints_origin() -> SocketAddr {
     raw_origin(|mut s| {
         while !read_head_raw(&mut s).is_empty() {
