@@ -331,10 +331,9 @@ pub(super) fn record(
         match outcome {
             Ok(()) => ep.state.record_success(),
             Err(class) if class != FailureClass::Status5xx || o.on_5xx => {
-                if ep
-                    .state
-                    .record_failure(o, now_ms, || up.may_eject(o.max_ejection_percent, now_ms))
-                {
+                if ep.state.record_failure(o, now_ms, || {
+                    up.ejection_budget(o.max_ejection_percent, now_ms)
+                }) {
                     add(&up.shared.stats(w.id).ejections, 1);
                     tracing::warn!(
                         upstream = %up.cfg.name,

@@ -636,10 +636,10 @@ impl UpstreamRt {
         self.local.latency_dirty.set(true);
     }
 
-    /// Whether ejecting one more endpoint of this upstream is within the ejection budget.
-    pub fn may_eject(&self, max_percent: u32, now_ms: u64) -> bool {
+    /// This upstream's ejected endpoints, and how many may be (`max_ejection_percent`).
+    pub fn ejection_budget(&self, max_percent: u32, now_ms: u64) -> (u64, u64) {
         let eps = self.endpoints.borrow();
-        state::may_eject(eps.iter().map(|e| &*e.state), max_percent, now_ms)
+        state::ejection_budget(eps.iter().map(|e| &*e.state), max_percent, now_ms)
     }
 
     /// Periodic work (the worker's tick): rolls the budget window to second `second` and

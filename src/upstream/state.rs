@@ -200,16 +200,21 @@ impl EndpointState {
         }
     }
 
-    /// Records a failure; ejects the endpoint when the run reaches the threshold and
-    /// `may_eject` (the upstream's ejection budget) allows. Returns whether it ejected.
+    /// Records a failure; ejects the endpoint when the run reaches the threshold and the
+    /// upstream's ejection budget allows (`budget`: its ejected endpoints and how many may
+    /// be). Returns whether it ejected.
     pub fn record_failure(
         &self,
         cfg: &OutlierConfig,
         now_ms: u64,
-        may_eject: impl FnOnce() -> bool,
+        budget: impl Fn() -> (u64, u64),
     ) -> bool {
         let run = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if run < cfg.consecutive_failures || self.ejected(now_ms) || !may_eject() {
+        if run < cfg.consecutive_failures || self.ejected(now_ms) {
+            return false;
+        }
+        let (ejected, allowed) = budget();
+        if ejected >= allowed {
             return false;
         }
         // The multiplier decays: one step for each `base_ejection` the endpoint has spent
@@ -221,12 +226,22 @@ impl EndpointState {
         let decayed =
             u64::from(self.ejections.load(Ordering::Relaxed)).saturating_sub(healthy_steps);
         let n = decayed as u32 + 1;
-        self.ejections.store(n, Ordering::Relaxed);
+        let before = self.ejections.swap(n, Ordering::Relaxed);
         let time = base
             .saturating_mul(u64::from(n))
             .min(cfg.max_ejection.as_millis() as u64);
         self.ejected_until
             .store(now_ms + time.max(1), Ordering::Relaxed);
+        // Another worker may have ejected another endpoint between the look and the store:
+        // look again (this one counted now), and step back when the two together went past
+        // the budget. (Both may step back; their runs stay at the threshold, and the next
+        // failure tries again.)
+        let (ejected, allowed) = budget();
+        if ejected > allowed {
+            self.ejected_until.store(last_until, Ordering::Relaxed);
+            self.ejections.store(before, Ordering::Relaxed);
+            return false;
+        }
         self.consecutive_failures.store(0, Ordering::Relaxed);
         true
     }
@@ -628,20 +643,22 @@ impl UpstreamState {
     }
 }
 
-/// Whether ejecting one more of `endpoints` keeps the ejected share within `max_percent`
-/// (at least one endpoint may always be ejected when there are two or more).
-pub fn may_eject<'a>(
+/// How many of `endpoints` are ejected, and how many may be by `max_percent` (at least one
+/// when there are two or more).
+pub fn ejection_budget<'a>(
     endpoints: impl Iterator<Item = &'a EndpointState>,
     max_percent: u32,
     now_ms: u64,
-) -> bool {
+) -> (u64, u64) {
     let (mut n, mut ejected) = (0u64, 0u64);
     for e in endpoints {
         n += 1;
         ejected += u64::from(e.ejected(now_ms));
     }
-    let allowed = (u64::from(max_percent) * n / 100).max(u64::from(n > 1));
-    ejected < allowed
+    (
+        ejected,
+        (u64::from(max_percent) * n / 100).max(u64::from(n > 1)),
+    )
 }
 
 /// An empty latency histogram: two significant figures (about 1% resolution), a few KiB.
@@ -751,6 +768,38 @@ mod tests {
         assert_eq!(b.state().0, BreakerState::Closed);
     }
 
+    #[test]
+    fn two_ejections_at_once_never_pass_the_budget() {
+        let a = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 2);
+        let b = EndpointState::new("127.0.0.1:2".parse().unwrap(), Arc::from("b:1"), 2);
+        let cfg = OutlierConfig {
+            consecutive_failures: 1,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(3),
+            max_ejection_percent: 50,
+            on_5xx: true,
+        };
+        let both = |now| ejection_budget([&a, &b].into_iter(), 50, now);
+        assert!(a.record_failure(&cfg, 0, || both(0)));
+        // `b`'s worker looked before `a` was ejected (room for one), then finds the two
+        // together past the budget: it steps back.
+        let looks = std::cell::Cell::new(0);
+        let stale_then_real = || {
+            looks.set(looks.get() + 1);
+            if looks.get() == 1 {
+                (0, 1)
+            } else {
+                both(0)
+            }
+        };
+        assert!(!b.record_failure(&cfg, 0, stale_then_real));
+        assert_eq!(looks.get(), 2);
+        assert!(a.ejected(0) && !b.ejected(0));
+        // Its run stays at the threshold: once `a` is back, its next failure ejects it.
+        assert!(b.record_failure(&cfg, 1000, || both(1000)));
+        assert!(b.ejected(1000));
+    }
+
     /// Many threads competing for the permits of one half-open round never hold more than
     /// `half_open_max` at once.
     #[test]
@@ -795,35 +844,35 @@ mod tests {
             max_ejection_percent: 100,
             on_5xx: true,
         };
-        assert!(!e.record_failure(&cfg, 0, || true));
-        assert!(e.record_failure(&cfg, 0, || true));
+        assert!(!e.record_failure(&cfg, 0, || (0, 1)));
+        assert!(e.record_failure(&cfg, 0, || (0, 1)));
         assert!(e.ejected(500) && !e.ejected(1000));
         assert_eq!(e.back_since(999), 0, "still out");
         assert_eq!(e.back_since(1000), 1000, "back when the ejection ended");
         // Failing again 0.5 s after coming back: twice as long.
-        e.record_failure(&cfg, 1500, || true);
-        assert!(e.record_failure(&cfg, 1500, || true));
+        e.record_failure(&cfg, 1500, || (0, 1));
+        assert!(e.record_failure(&cfg, 1500, || (0, 1)));
         assert!(
             e.ejected(3499) && !e.ejected(3500),
             "second ejection lasts twice as long"
         );
-        e.record_failure(&cfg, 3600, || true);
-        assert!(e.record_failure(&cfg, 3600, || true));
+        e.record_failure(&cfg, 3600, || (0, 1));
+        assert!(e.record_failure(&cfg, 3600, || (0, 1)));
         assert!(
             e.ejected(6599) && !e.ejected(6600),
             "capped at max_ejection"
         );
         // Two base intervals back in rotation take the multiplier down by two (3 → 1).
-        e.record_failure(&cfg, 8600, || true);
-        assert!(e.record_failure(&cfg, 8600, || true));
+        e.record_failure(&cfg, 8600, || (0, 1));
+        assert!(e.record_failure(&cfg, 8600, || (0, 1)));
         assert!(e.ejected(10_599) && !e.ejected(10_600), "decayed to 2 s");
         // A long healthy stretch: back to the base time.
-        e.record_failure(&cfg, 60_000, || true);
-        assert!(e.record_failure(&cfg, 60_000, || true));
+        e.record_failure(&cfg, 60_000, || (0, 1));
+        assert!(e.record_failure(&cfg, 60_000, || (0, 1)));
         assert!(e.ejected(60_999) && !e.ejected(61_000), "decayed to 1 s");
         e.record_success();
         assert!(
-            !e.record_failure(&cfg, 100_000, || false),
+            !e.record_failure(&cfg, 100_000, || (1, 1)),
             "the ejection budget refuses"
         );
     }
