@@ -167,6 +167,61 @@ fn cert_files(gen: &Generation) -> Vec<(PathBuf, Option<FileStamp>)> {
         .collect()
 }
 
+/// Puts back into `gen` what a reload cannot change from `old` (the generation in force):
+/// worker count, CPUs, driver, log level, admin, listen backlogs, and a head limit beyond the
+/// head blocks the workers started with (`head_block_limit`). Returns the keys it kept, for
+/// the log. `gen` is then published as running, so the next reload compares with what is
+/// really in force.
+fn keep_running_values(
+    gen: &mut Generation,
+    old: &Generation,
+    head_block_limit: usize,
+) -> Vec<&'static str> {
+    let mut restart = Vec::new();
+    if gen.workers != old.workers {
+        restart.push("workers");
+        gen.workers = old.workers;
+    }
+    if gen.cpus != old.cpus {
+        restart.push("cpus");
+        gen.cpus = old.cpus.clone();
+    }
+    if gen.driver != old.driver {
+        restart.push("driver");
+        gen.driver = old.driver;
+    }
+    if gen.log_level != old.log_level {
+        restart.push("log_level");
+        gen.log_level = old.log_level.clone();
+    }
+    if gen.admin != old.admin {
+        restart.push("admin");
+        gen.admin = old.admin.clone();
+    }
+    for l in &mut gen.listeners {
+        if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
+            if o.backlog != l.backlog {
+                restart.push("listeners.backlog");
+                l.backlog = o.backlog;
+            }
+        }
+    }
+    let limits = &mut gen.http.limits;
+    if limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES > head_block_limit {
+        restart.push("http.max_head_bytes (above the size the workers started with)");
+        let (asked, kept) = (limits.max_head_bytes, old.http.limits.max_head_bytes);
+        limits.max_head_bytes = kept;
+        limits.max_request_line_bytes = limits.max_request_line_bytes.min(kept);
+        // The HTTP/2 header list limit follows the head limit unless set apart from it: an
+        // HTTP/2 request's head is read with the head limit in force, and a list the h2 layer
+        // took beyond it would get 431 there.
+        if gen.http2.max_header_list_bytes as usize == asked {
+            gen.http2.max_header_list_bytes = kept as u32;
+        }
+    }
+    restart
+}
+
 impl Control {
     /// The control state for a server started from `shared`'s generation; `workers` carry
     /// listener changes to each worker; `bound` holds each listener's bound address, in the
@@ -247,57 +302,9 @@ impl Control {
         }
 
         // What a reload cannot change: keep running with it, say so.
-        let mut restart = Vec::new();
-        if gen.workers != old.workers {
-            restart.push("workers");
-        }
-        if gen.cpus != old.cpus {
-            restart.push("cpus");
-        }
-        if gen.driver != old.driver {
-            restart.push("driver");
-        }
-        if gen.log_level != old.log_level {
-            restart.push("log_level");
-        }
-        if gen.admin != old.admin {
-            restart.push("admin");
-        }
-        if gen.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES
-            > self.head_block_limit
-        {
-            restart.push("http.max_head_bytes (above the size the workers started with)");
-        }
-        for l in &gen.listeners {
-            if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
-                if o.backlog != l.backlog {
-                    restart.push("listeners.backlog");
-                }
-            }
-        }
+        let restart = keep_running_values(&mut gen, old, self.head_block_limit);
         if !restart.is_empty() {
             tracing::warn!(keys = ?restart, "these changes need a restart; the running values stay");
-            // Published as running, so the next reload compares with what is really in force.
-            gen.workers = old.workers;
-            gen.cpus = old.cpus.clone();
-            gen.driver = old.driver;
-            gen.log_level = old.log_level.clone();
-            gen.admin = old.admin.clone();
-            for l in &mut gen.listeners {
-                if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
-                    l.backlog = o.backlog;
-                }
-            }
-            if gen.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES
-                > self.head_block_limit
-            {
-                gen.http.limits.max_head_bytes = old.http.limits.max_head_bytes;
-                gen.http.limits.max_request_line_bytes = gen
-                    .http
-                    .limits
-                    .max_request_line_bytes
-                    .min(old.http.limits.max_head_bytes);
-            }
         }
 
         // Opened again on every reload, even at the same path: a rotated log (renamed, then
@@ -490,6 +497,42 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_keeps_what_needs_a_restart() {
+        const BASE: &str = "[[listeners]]\naddress = \"127.0.0.1:0\"\n";
+        let old = crate::config::compile(&format!("workers = 1\n{BASE}"), "t").unwrap();
+        // The head blocks the workers started with (16 KiB head limit).
+        let blocks = (old.http.limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES)
+            .next_multiple_of(4096)
+            .max(16 * 1024);
+        let grown = "[http]\nmax_head_bytes = 65536\n";
+        let mut gen = crate::config::compile(&format!("workers = 2\n{BASE}{grown}"), "t").unwrap();
+        assert_eq!(gen.http2.max_header_list_bytes, 65536);
+        let kept = keep_running_values(&mut gen, &old, blocks);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert_eq!(gen.workers, old.workers);
+        assert_eq!(
+            gen.http.limits.max_head_bytes,
+            old.http.limits.max_head_bytes
+        );
+        // The HTTP/2 header list limit followed the head limit: it goes back with it.
+        assert_eq!(
+            gen.http2.max_header_list_bytes as usize,
+            old.http.limits.max_head_bytes
+        );
+        // Set apart from the head limit, it stays as set.
+        let apart = format!("workers = 1\n{BASE}{grown}[http2]\nmax_header_list_bytes = 32768\n");
+        let mut gen = crate::config::compile(&apart, "t").unwrap();
+        assert_eq!(keep_running_values(&mut gen, &old, blocks).len(), 1);
+        assert_eq!(gen.http2.max_header_list_bytes, 32768);
+        // Within the blocks, a new head limit applies.
+        let small = format!("workers = 1\n{BASE}[http]\nmax_head_bytes = 8192\n");
+        let mut gen = crate::config::compile(&small, "t").unwrap();
+        assert!(keep_running_values(&mut gen, &old, blocks).is_empty());
+        assert_eq!(gen.http.limits.max_head_bytes, 8192);
+        assert_eq!(gen.http2.max_header_list_bytes, 8192);
+    }
 
     #[test]
     fn literals_and_localhost_resolve() {
