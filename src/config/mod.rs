@@ -46,6 +46,8 @@ pub struct Generation {
     pub driver: DriverChoice,
     /// How long in-flight requests may run after SIGTERM before connections are dropped.
     pub shutdown_timeout: Duration,
+    /// How often upstream names are resolved again (`None`: only when a config loads).
+    pub dns_refresh: Option<Duration>,
     /// tracing filter directive (`info`, `ringway=debug`, ...).
     pub log_level: String,
     /// Gateway-wide policy.

@@ -14,6 +14,7 @@ pub(crate) struct RawConfig {
     pub(crate) cpus: Option<Spanned<Vec<usize>>>,
     pub(crate) driver: Option<Spanned<String>>,
     pub(crate) shutdown_timeout: Option<Spanned<String>>,
+    pub(crate) dns_refresh: Option<Spanned<String>>,
     pub(crate) log_level: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) gateway: RawGateway,

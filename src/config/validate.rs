@@ -99,6 +99,9 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 /// duration near `u64::MAX` seconds would overflow them at the first request.
 const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// How often upstream names are resolved again when `dns_refresh` is not set.
+const DEFAULT_DNS_REFRESH: Duration = Duration::from_secs(10);
+
 /// Parses `"250ms"`, `"10s"`, `"2m"`, `"1h"` (a positive whole number and a unit), at most
 /// [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -179,6 +182,18 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         },
     };
     let shutdown_timeout = ctx.duration(&raw.shutdown_timeout, Duration::from_secs(30))?;
+    // (A lookup blocks the control thread, which also runs reloads: not more than once a second.)
+    let dns_refresh = match &raw.dns_refresh {
+        Some(v) if v.get_ref() == "off" => None,
+        Some(v) => match ctx.duration(&raw.dns_refresh, DEFAULT_DNS_REFRESH)? {
+            d if d >= Duration::from_secs(1) => Some(d),
+            _ => {
+                let why = "dns_refresh must be at least \"1s\", or \"off\"";
+                return Err(ctx.error(v.span(), why.to_string()));
+            }
+        },
+        None => Some(DEFAULT_DNS_REFRESH),
+    };
     let log_level = match &raw.log_level {
         None => "info".to_string(),
         Some(l) => {
@@ -342,6 +357,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         cpus,
         driver,
         shutdown_timeout,
+        dns_refresh,
         log_level,
         gateway: GatewayConfig {
             trusted_proxies,
@@ -1932,6 +1948,21 @@ mod tests {
         assert!(parse_duration("s").is_err());
         let e = err(&format!("{MIN}[http]\nheader_timeout = \"10 s\"\n"));
         assert_eq!(e.line, 4, "{e}");
+    }
+
+    #[test]
+    fn dns_refresh_is_a_duration_of_a_second_or_more_or_off() {
+        let refresh = |v: &str| compile(&format!("{v}{MIN}"), "t.toml").map(|g| g.dns_refresh);
+        assert_eq!(refresh("").unwrap(), Some(Duration::from_secs(10)));
+        assert_eq!(
+            refresh("dns_refresh = \"30s\"\n").unwrap(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(refresh("dns_refresh = \"off\"\n").unwrap(), None);
+        let e = refresh("dns_refresh = \"500ms\"\n").unwrap_err();
+        assert!(e.to_string().contains("at least"), "{e}");
+        assert!(refresh("dns_refresh = \"0s\"\n").is_err());
+        assert!(refresh("dns_refresh = 10\n").is_err());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //!   config file (its modification time and size polled every second, its content hashed),
 //!   it parses, validates and compiles a new generation, resolves its names and binds its new
 //!   listeners; only then is it published. Any error keeps the running generation.
-//! - DNS: upstream names are resolved again every [`DNS_REFRESH`]; a failed lookup keeps the
-//!   last answer (RFC 8767: serve stale).
+//! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured); a
+//!   failed lookup keeps the last answer (RFC 8767: serve stale).
 //!
 //! Ownership: runs on its own std thread; talks to workers only through `Shared` (generations)
 //! and one channel per worker (listener sockets), which workers poll on their tick.
@@ -24,9 +24,6 @@ use crate::net::bind_group;
 use crate::observe::access_log;
 use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
 use crate::worker::WorkerCommand;
-
-/// How often endpoint names are resolved again.
-pub const DNS_REFRESH: Duration = Duration::from_secs(10);
 
 /// How often the control loop wakes to check for work.
 const CONTROL_TICK: Duration = Duration::from_millis(50);
@@ -447,7 +444,7 @@ impl Control {
 
 /// The control loop; returns when `stop` is set.
 pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBool>) {
-    let mut next_dns = Instant::now() + DNS_REFRESH;
+    let mut last_dns = Instant::now();
     let mut next_file = Instant::now() + FILE_POLL;
     while !stop.load(Ordering::Acquire) {
         match commands.recv_timeout(CONTROL_TICK) {
@@ -480,9 +477,13 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
             next_file = now + FILE_POLL;
             control.poll_file();
         }
-        if now >= next_dns {
-            next_dns = now + DNS_REFRESH;
-            let gen = control.shared.published.load().gen.clone();
+        // The interval in force now: a reload that changes it applies from the next look.
+        let gen = control.shared.published.load().gen.clone();
+        if gen
+            .dns_refresh
+            .is_some_and(|every| now.saturating_duration_since(last_dns) >= every)
+        {
+            last_dns = now;
             if gen
                 .upstreams
                 .iter()
