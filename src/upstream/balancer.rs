@@ -72,20 +72,26 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// The consistent-hash ring of `keys` (endpoint key, weight): `RING_POINTS` per unit of
-/// weight, scaled down to at most about `MAX_RING_POINTS` in all; sorted by point.
+/// weight, halved until the ring holds at most `MAX_RING_POINTS` (each endpoint keeps at least
+/// one point); sorted by point.
+///
+/// The step depends on the total weight only through the power of two it falls under: an
+/// endpoint leaving or joining leaves every other endpoint's points as they were (unless the
+/// total crosses such a boundary), so only the keys of the one that changed move. (Points in
+/// proportion to the total would change every endpoint's points, and move keys between
+/// endpoints that stayed.) An endpoint's points are `key#0`, `key#1`...: a halving keeps the
+/// first half of them.
 fn ring(keys: &[(String, u32)]) -> Vec<(u64, u32)> {
     use std::fmt::Write;
     let total: u64 = keys.iter().map(|(_, w)| u64::from((*w).max(1))).sum();
     let full = total.saturating_mul(u64::from(RING_POINTS));
-    let points = |w: u32| -> u64 {
-        let w = u64::from(w.max(1));
-        if full <= MAX_RING_POINTS {
-            w * u64::from(RING_POINTS)
-        } else {
-            (w * MAX_RING_POINTS / total).max(1)
-        }
-    };
-    let mut ring = Vec::with_capacity(full.min(MAX_RING_POINTS + keys.len() as u64) as usize);
+    let mut shift = 0;
+    while full >> shift > MAX_RING_POINTS {
+        shift += 1;
+    }
+    let points =
+        |w: u32| -> u64 { ((u64::from(w.max(1)) * u64::from(RING_POINTS)) >> shift).max(1) };
+    let mut ring = Vec::with_capacity(((full >> shift) + keys.len() as u64) as usize);
     let mut name = String::new();
     for (i, (key, weight)) in keys.iter().enumerate() {
         for v in 0..points(*weight) {
@@ -515,32 +521,20 @@ mod tests {
         assert_eq!(b.pick(&f, Some(k)), Some(3));
     }
 
-    #[test]
-    fn consistent_hash_moves_about_one_nth_when_an_endpoint_leaves() {
-        let n = 5;
-        let f = Fake::new(n);
-        let b = Balancer::new(
-            &BalancerConfig::ConsistentHash(HashKey::ClientIp),
-            0,
-            &keys(n),
-        );
+    /// The share of 10,000 keys that move when endpoint `gone` of `all` leaves the ring;
+    /// panics when a key moves that was not on `gone`.
+    fn moved_when_one_leaves(all: &[(String, u32)], gone: usize) -> f64 {
+        let hash = BalancerConfig::ConsistentHash(HashKey::ClientIp);
+        let b = Balancer::new(&hash, 0, all);
+        let f = Fake::new(all.len());
         let before: Vec<usize> = (0..10_000u32)
             .map(|k| b.pick(&f, Some(hash_key(&k.to_le_bytes()))).unwrap())
             .collect();
-        // Endpoint 2 leaves the set (the ring is rebuilt without it).
-        let remaining: Vec<(String, u32)> = keys(n)
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| *i != 2)
-            .map(|(_, k)| k)
-            .collect();
-        let f2 = Fake::new(n - 1);
-        let b2 = Balancer::new(
-            &BalancerConfig::ConsistentHash(HashKey::ClientIp),
-            0,
-            &remaining,
-        );
-        let map = [0usize, 1, 3, 4];
+        // The ring is rebuilt without it; `map` takes the new indices back to the old ones.
+        let map: Vec<usize> = (0..all.len()).filter(|&i| i != gone).collect();
+        let remaining: Vec<(String, u32)> = map.iter().map(|&i| all[i].clone()).collect();
+        let b2 = Balancer::new(&hash, 0, &remaining);
+        let f2 = Fake::new(remaining.len());
         let mut moved = 0;
         for (k, &was) in before.iter().enumerate() {
             let now = map[b2
@@ -548,12 +542,24 @@ mod tests {
                 .unwrap()];
             if now != was {
                 moved += 1;
-                assert_eq!(was, 2, "only keys of the endpoint that left move");
+                assert_eq!(was, gone, "only keys of the endpoint that left move");
             }
         }
-        let share = moved as f64 / before.len() as f64;
-        assert!(share <= 1.0 / n as f64 + 0.05, "moved {share}");
-        assert!(share > 0.1);
+        moved as f64 / before.len() as f64
+    }
+
+    #[test]
+    fn consistent_hash_moves_about_one_nth_when_an_endpoint_leaves() {
+        let share = moved_when_one_leaves(&keys(5), 2);
+        assert!(share <= 1.0 / 5.0 + 0.05 && share > 0.1, "moved {share}");
+        // Rings scaled down to their cap move only the leaving endpoint's keys as well.
+        let heavy = |n: usize, w: u32| -> Vec<(String, u32)> {
+            (0..n).map(|i| (format!("10.0.0.{i}:80"), w)).collect()
+        };
+        let share = moved_when_one_leaves(&heavy(20, 50), 7);
+        assert!(share <= 1.0 / 20.0 + 0.03 && share > 0.02, "moved {share}");
+        let share = moved_when_one_leaves(&heavy(110, 1), 0);
+        assert!(share <= 1.0 / 110.0 + 0.01, "moved {share}");
     }
 
     #[test]
@@ -564,11 +570,12 @@ mod tests {
         let r = ring(&heavy);
         assert!(r.len() as u64 <= MAX_RING_POINTS, "{}", r.len());
         assert!(r.windows(2).all(|p| p[0].0 <= p[1].0));
-        // Weights 1 : 3 keep their proportion when scaled.
+        // Weights 1 : 3 keep their proportion when scaled (160,000 and 480,000 points
+        // halved six times).
         let two = vec![("a:1".to_string(), 1000), ("b:1".to_string(), 3000)];
         let r = ring(&two);
         let a = r.iter().filter(|p| p.1 == 0).count();
-        assert_eq!((a, r.len() - a), (4096, 12288));
+        assert_eq!((a, r.len() - a), (2500, 7500));
         // Small sets are not scaled.
         assert_eq!(ring(&keys(3)).len(), 3 * RING_POINTS as usize);
     }
