@@ -106,6 +106,42 @@ fn a_changed_file_is_reloaded_by_itself() {
 }
 
 #[test]
+fn a_file_written_in_place_is_read_once_it_is_whole() {
+    let dir = Dir::new("in-place");
+    let both = |a: &str| {
+        format!(
+            "{BASE}{}{}",
+            respond_route("/a", a),
+            respond_route("/b", "b")
+        )
+    };
+    let (server, addr) = start_in(&dir, &both("a"));
+    std::thread::sleep(Duration::from_millis(1100));
+    // A writer that stops for 900 ms half-way through (in place, no rename): what it wrote so
+    // far is a config that compiles, without the route of `/b`.
+    std::fs::write(dir.config(), format!("{BASE}{}", respond_route("/a", "a2"))).unwrap();
+    let mut c = Client::connect(addr);
+    let pause = Instant::now() + Duration::from_millis(900);
+    while Instant::now() < pause {
+        assert_eq!(c.get("/b").status, 200, "the half-written file was loaded");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(dir.config(), both("a2")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || server.generation() >= 2),
+        "the file change was not picked up"
+    );
+    assert!(server.wait_for_generation(2, Duration::from_secs(2)));
+    assert_eq!(c.get("/a").text(), "a2");
+    assert_eq!(c.get("/b").status, 200);
+    // One reload: the whole file's.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(server.generation(), 2);
+    server.shutdown();
+    server.join();
+}
+
+#[test]
 fn listeners_are_added_and_removed_live() {
     let dir = Dir::new("listeners");
     let extra = closed_port();

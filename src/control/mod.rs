@@ -1,7 +1,7 @@
 //! The control thread: everything slow, off the workers.
 //! - Reloads: on SIGHUP, `POST /-/reload` on the admin listener (`admin.rs`), or a change of the
-//!   config file (its modification time and size polled every second, its content hashed),
-//!   it parses, validates and compiles a new generation, resolves its names and binds its new
+//!   config file (its modification time and size polled every second, read once they stayed
+//!   the same for a poll, its content hashed), it parses, validates and compiles a new generation, resolves its names and binds its new
 //!   listeners; only then is it published. Any error keeps the running generation.
 //! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured); a
 //!   failed lookup keeps the last answer (RFC 8767: serve stale).
@@ -145,6 +145,8 @@ pub struct Control {
     bound: Vec<(SocketAddr, SocketAddr)>,
     file_stamp: Option<FileStamp>,
     file_hash: Option<u64>,
+    /// A changed stamp seen at the last poll, not acted on yet (see [`Control::poll_file`]).
+    settling: Option<FileStamp>,
     /// When to try again a reload refused for a transient reason (see [`RELOAD_RETRY`]).
     retry_at: Option<Instant>,
     /// Certificate and key files of the generation in force, with their stamps: a change
@@ -248,6 +250,7 @@ impl Control {
                 .collect(),
             file_stamp,
             file_hash,
+            settling: None,
             retry_at: None,
             cert_files: cert_files(&gen),
         }
@@ -390,8 +393,18 @@ impl Control {
         };
         let now = stamp(&path);
         if now.is_none() || now == self.file_stamp {
+            self.settling = None;
             return;
         }
+        // A change is acted on once the file stayed as it is for a whole poll: a file written
+        // in place (an editor, `cat >`, a script writing line by line) is read once it is
+        // whole, not while a part of it would compile into a config with routes or
+        // listeners missing. (An atomic replace, a rename, waits one poll too.)
+        if self.settling != now {
+            self.settling = now;
+            return;
+        }
+        self.settling = None;
         let Ok(text) = std::fs::read_to_string(&path) else {
             // Looked at again next time: the stamp is stored only after a successful read.
             return;
