@@ -882,6 +882,42 @@ fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
 }
 
 #[test]
+fn a_hash_key_whose_http2_endpoint_is_saturated_goes_to_one_with_room() {
+    // Two origins taking one stream at a time, each held 500 ms; one connection to each,
+    // so each has room for two streams (one open, one queued on it).
+    let slow = |req, respond| async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        serve_big_or_small(req, respond).await
+    };
+    let (a, b) = (one_stream_origin(slow), one_stream_origin(slow));
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nh2_connections = 1\n\
+         connect_timeout = \"200ms\"\n\
+         balancer = {{ type = \"consistent_hash\", header = \"x-user\" }}\n\
+         endpoints = [\"{a}\", \"{b}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    // Four requests of one key at once: its endpoint takes two, the other the rest (a
+    // saturated endpoint is passed over, as an HTTP/1.1 one at its connection cap is),
+    // instead of the rest waiting for it past the connect timeout (503).
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let addr = proxy.addr;
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 30 }));
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                c.send(b"GET /x HTTP/1.1\r\nHost: x\r\nx-user: alice\r\n\r\n");
+                c.read_response(false).map(|r| r.status)
+            })
+        })
+        .collect();
+    let statuses: Vec<_> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+    assert_eq!(statuses, vec![Some(200); 4]);
+    // Each request was counted on one endpoint, once.
+    let sent = metric_sum(proxy.addr, "ringway_endpoint_requests_total");
+    assert_eq!(sent, 4.0);
+}
+
+#[test]
 fn requests_waiting_for_a_stream_spend_no_rate_limit_tokens() {
     // One stream at a time; `/slow` holds it for 300 ms.
     let origin = one_stream_origin(|req, respond| async move {

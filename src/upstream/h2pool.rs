@@ -343,6 +343,23 @@ impl H2Pool {
         self.conns.borrow().is_empty()
     }
 
+    /// Whether [`H2Pool::stream`] could give a stream now, without a wait: a connection
+    /// with a stream free or room in its queue (see [`may_queue`]), or room for a new one
+    /// (`max_conns` on this worker, `total` across workers). A balancer passes over an
+    /// endpoint without room, as over an HTTP/1.1 endpoint at its connection cap: a request
+    /// goes to one that has room, or waits for one (a hash key's endpoint included).
+    pub fn has_room(&self, max_conns: usize, state: &EndpointState, total: u32) -> bool {
+        let conns = self.conns.borrow();
+        let mut open = 0;
+        for c in conns.iter().filter(|c| !c.closed()) {
+            if may_queue(c) {
+                return true;
+            }
+            open += 1;
+        }
+        open + self.connecting.get() < max_conns && state.has_connection_room(total)
+    }
+
     /// Closes every connection (their drivers end when the handles are gone).
     pub fn clear(&self) {
         self.conns.borrow_mut().clear();

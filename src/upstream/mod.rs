@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UpstreamProtocol};
 use crate::net;
 use crate::observe::metrics::add;
 use crate::shared::ResolvedEndpoint;
@@ -255,6 +255,8 @@ struct View<'a> {
     /// Health and ejection count (false: fail open, every endpoint is out).
     strict: bool,
     max_connections: u32,
+    /// `h2_connections` when the endpoints speak HTTP/2.
+    h2_connections: Option<usize>,
     bucket: Option<(crate::config::RateLimitConfig, u64)>,
     now_ms: u64,
     now: Instant,
@@ -270,9 +272,12 @@ impl View<'_> {
     }
 
     fn has_room(&self, ep: &EndpointRt) -> bool {
-        let conn_ok = !ep.idle.borrow().is_empty()
-            || !ep.h2.is_empty()
-            || ep.state.has_connection_room(self.max_connections);
+        let conn_ok = match self.h2_connections {
+            Some(n) => ep.h2.has_room(n, &ep.state, self.max_connections),
+            None => {
+                !ep.idle.borrow().is_empty() || ep.state.has_connection_room(self.max_connections)
+            }
+        };
         conn_ok
             && self
                 .bucket
@@ -449,6 +454,8 @@ impl UpstreamRt {
             allow_tried: false,
             strict: true,
             max_connections: self.cfg.max_connections,
+            h2_connections: (self.cfg.protocol != UpstreamProtocol::Http1)
+                .then_some(self.cfg.h2_connections),
             bucket: self
                 .cfg
                 .rate_limit
