@@ -420,3 +420,42 @@ fn a_buffered_body_answered_early_is_replayed_whole_and_the_client_kept() {
         "the retry's connection, which had the whole body, serves the next request"
     );
 }
+
+#[test]
+fn a_request_answered_with_an_interim_response_is_not_sent_again_when_the_connection_closes() {
+    // Each connection answers its first request, then answers the second with 103 Early
+    // Hints and closes: the second was seen, it must not be sent again on a new connection.
+    let seen_b = Arc::new(AtomicUsize::new(0));
+    let b = seen_b.clone();
+    let addr = raw_origin(move |mut s: TcpStream| {
+        for _ in 0..2 {
+            let head = read_head_raw(&mut s);
+            if head.is_empty() {
+                return;
+            }
+            if head.starts_with(b"DELETE /b ") {
+                b.fetch_add(1, Ordering::SeqCst);
+                let _ = s.write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n");
+                std::thread::sleep(Duration::from_millis(100));
+                return;
+            }
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    // No retry: a reset after a 103 may be retried as configured (`retry_on = ["reset"]`,
+    // counted), but not sent again as if the pooled connection had closed before it.
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\nretries = {{ attempts = 1 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/a").status, 200);
+    // The next request goes on the pooled connection, which answers it with a 103 and closes.
+    c.send(b"DELETE /b HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let back = String::from_utf8_lossy(&c.read_to_end()).into_owned();
+    assert!(back.starts_with("HTTP/1.1 103 Early Hints\r\n"), "{back}");
+    assert!(back.contains("\r\n\r\nHTTP/1.1 502 "), "{back}");
+    assert_eq!(back.matches(" 103 ").count(), 1, "{back}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(seen_b.load(Ordering::SeqCst), 1, "sent again after it was answered");
+}

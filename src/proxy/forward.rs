@@ -1170,10 +1170,15 @@ async fn exchange(
                 return Exchange::Client(error);
             }
             Err(HeadError { error, got_bytes }) => {
+                // An interim response came before the failure: the upstream had the request
+                // (it is not sent again on a new connection, whatever came next).
+                let answered = got_bytes || interim > 0;
                 // Bytes that are no response on a connection reused without the idle check
                 // were stray bytes from before this request: it was never answered.
-                let stray = upc.is_unchecked() && error.kind() == ErrorKind::UpstreamInvalid;
-                if !fresh && resend_ok && ((!got_bytes && error.kind().retryable(true)) || stray) {
+                let stray = interim == 0
+                    && upc.is_unchecked()
+                    && error.kind() == ErrorKind::UpstreamInvalid;
+                if !fresh && resend_ok && ((!answered && error.kind().retryable(true)) || stray) {
                     tracing::debug!(endpoint = %upc.addr(), "pooled connection closed before responding; sending again on a new one");
                     drop(upc);
                     match reconnect(w, up, inflight).await {
