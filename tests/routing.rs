@@ -102,6 +102,60 @@ fn a_route_in_maintenance_answers_503_before_its_limits() {
 }
 
 #[test]
+fn the_largest_configured_local_answers_fit_the_smallest_head_block() {
+    // At the smallest head limit (blocks of 16 KiB): a maintenance message of the most bytes
+    // allowed, each one escaped in the envelope; response headers of the most bytes allowed;
+    // a redirect path of the most bytes allowed, with the longest request id.
+    let message = "\\\\".repeat(2048);
+    let value = "v".repeat(8192 - 4 - 3);
+    let path = format!("/{}", "p".repeat(4095));
+    let proxy = Proxy::start(&format!(
+        "[http]\nmax_head_bytes = 1024\n\
+         [[routes]]\npath_prefix = \"/down/\"\nrespond = {{ status = 200 }}\n\
+         maintenance = {{ message = '{message}' }}\n\
+         [[routes]]\npath_prefix = \"/fields/\"\n\
+         respond = {{ status = 200, headers = {{ x-v = \"{value}\" }} }}\n\
+         [[routes]]\npath_prefix = \"/moved/\"\nredirect = {{ path = \"{path}\" }}\n"
+    ));
+    let rid = "r".repeat(128);
+    let get = |target: &str| {
+        let mut c = proxy.connect();
+        c.send(
+            format!("GET {target} HTTP/1.1\r\nHost: h\r\nx-request-id: {rid}\r\n\r\n").as_bytes(),
+        );
+        c.read_response(false).expect("an answer")
+    };
+    let r = get("/down/x");
+    assert_eq!(r.status, 503);
+    assert!(
+        r.text().contains(&"\\\\".repeat(4096)),
+        "the message, escaped"
+    );
+    let r = get("/fields/x");
+    assert_eq!(
+        (r.status, r.header("x-v").map(str::len)),
+        (200, Some(value.len()))
+    );
+    let r = get("/moved/x");
+    let location = r.header("location").map(str::to_string);
+    assert_eq!(r.status, 302);
+    assert!(
+        location == Some(format!("http://h{path}")),
+        "{location:.40?}"
+    );
+    // One byte more of any of them is refused when the config loads.
+    for too_long in [
+        format!("maintenance = {{ message = '{message}x' }}\nrespond = {{ status = 200 }}"),
+        format!("respond = {{ status = 200, headers = {{ x-v = \"{value}x\" }} }}"),
+        format!("redirect = {{ path = \"{path}x\" }}"),
+    ] {
+        let text = format!("[[listeners]]\naddress = \"127.0.0.1:0\"\n[[routes]]\npath_prefix = \"/\"\n{too_long}\n");
+        let e = ringway::config::compile(&text, "t.toml").expect_err("too long");
+        assert!(e.to_string().contains("at most"), "{e}");
+    }
+}
+
+#[test]
 fn per_route_limits() {
     let origin = Origin::ok("ok");
     let proxy = Proxy::start(&format!(

@@ -457,5 +457,9 @@ fn a_request_answered_with_an_interim_response_is_not_sent_again_when_the_connec
     assert!(back.contains("\r\n\r\nHTTP/1.1 502 "), "{back}");
     assert_eq!(back.matches(" 103 ").count(), 1, "{back}");
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(seen_b.load(Ordering::SeqCst), 1, "sent again after it was answered");
+    assert_eq!(
+        seen_b.load(Ordering::SeqCst),
+        1,
+        "sent again after it was answered"
+    );
 }

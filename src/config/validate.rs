@@ -99,6 +99,12 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 /// duration near `u64::MAX` seconds would overflow them at the first request.
 const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// Longest `maintenance.message` and `redirect.path`, and the most bytes of `respond.headers`
+/// (`name: value` lines): ringway's own answers are written in one head block (at least
+/// 16 KiB), with its own fields, the request id and, for a redirect, the request's path.
+const MAX_LOCAL_TEXT_BYTES: usize = 4096;
+const MAX_LOCAL_HEADER_BYTES: usize = 8192;
+
 /// How often upstream names are resolved again when `dns_refresh` is not set.
 const DEFAULT_DNS_REFRESH: Duration = Duration::from_secs(10);
 
@@ -1242,6 +1248,15 @@ fn compile_route(
                     "maintenance.message may not contain control characters",
                 ));
             }
+            if m.message
+                .as_ref()
+                .is_some_and(|t| t.len() > MAX_LOCAL_TEXT_BYTES)
+            {
+                return Err(ctx.error(
+                    span,
+                    format!("maintenance.message may be at most {MAX_LOCAL_TEXT_BYTES} bytes"),
+                ));
+            }
             Some(Maintenance {
                 message: m
                     .message
@@ -1465,6 +1480,12 @@ fn compile_redirect(ctx: &Ctx<'_>, rd: &Spanned<RawRedirect>) -> Result<Redirect
     };
     let path = match &r.path {
         None => None,
+        Some(p) if p.get_ref().len() > MAX_LOCAL_TEXT_BYTES => {
+            return Err(ctx.error(
+                p.span(),
+                format!("redirect.path may be at most {MAX_LOCAL_TEXT_BYTES} bytes"),
+            ))
+        }
         Some(p)
             if p.get_ref().starts_with('/')
                 && p.get_ref()
@@ -1563,6 +1584,13 @@ fn compile_respond(
             ));
         }
         headers.push((name.clone(), value.get_ref().clone()));
+    }
+    let bytes: usize = headers.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    if bytes > MAX_LOCAL_HEADER_BYTES {
+        return Err(ctx.error(
+            resp.span(),
+            format!("respond.headers take {bytes} bytes; at most {MAX_LOCAL_HEADER_BYTES}"),
+        ));
     }
     Ok(LocalResponse {
         status: status as u16,
