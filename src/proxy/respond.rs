@@ -65,8 +65,9 @@ pub async fn send(
         out.put(b"\r\n")
     })();
     if written.is_err() {
-        // Configured headers too large for a block: validated sizes make this unreachable in
-        // practice; answer something valid rather than nothing.
+        // Configured headers too large for a block: the config's bounds on them (8 KiB of
+        // fields against blocks of at least 16 KiB) keep this from happening; the caller
+        // closes the connection.
         tracing::error!(
             status = resp.status,
             "local response head does not fit a block"
