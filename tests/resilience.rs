@@ -705,6 +705,24 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
 }
 
 #[test]
+fn a_probe_that_runs_to_its_timeout_holds_up_no_other_endpoints_checks() {
+    // One endpoint accepts connections (the kernel completes them) and never answers: each
+    // of its probes runs to its 2 s timeout. The other, probed every 100 ms, is probed at
+    // that pace all the same.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let steady = Origin::start(|_| Reply::text(200, ""));
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[silent.local_addr().unwrap(), steady.addr]),
+        "health_check = { path = \"/health\", interval = \"100ms\", timeout = \"2s\" }",
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let probes = steady.seen.lock().unwrap().len();
+    assert!(probes >= 8, "{probes} probes in 1.5 s at a 100 ms interval");
+    drop(p);
+}
+
+#[test]
 fn an_endpoint_whose_checks_pass_again_gets_traffic_at_once_from_p2c_ewma() {
     // While down, the flaky endpoint answers 503 to requests as well as to its checks: each
     // failed attempt is a 1 s latency sample, which would keep the peak-EWMA balancer away

@@ -7,9 +7,9 @@
 //! it comes back (and any passive-health ejection is lifted: the endpoint proved itself).
 //! Workers read the flag with one relaxed load when they pick.
 //!
-//! Probes block (std sockets with timeouts), so they run on their own thread rather than on
-//! the control loop, where they would hold up reloads; the probes due in one round run in
-//! parallel on scoped threads, so one slow endpoint delays no other by more than its timeout.
+//! Probes block (std sockets with timeouts), so they run off the control loop, where they
+//! would hold up reloads: each on a thread of its own, which sends its result back to the
+//! health thread. One slow endpoint delays no other endpoint's checks.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -25,7 +25,7 @@ use crate::upstream::state::EndpointState;
 /// How often the thread looks for probes that are due.
 const ROUND: Duration = Duration::from_millis(50);
 
-/// Most probe threads at a time (probes due together run in batches of this many).
+/// Most probe threads at a time (a probe due beyond them starts when one ends).
 const PROBE_THREADS: usize = 64;
 
 /// Longest status line read from a probe's response.
@@ -38,17 +38,43 @@ struct Track {
     /// When the last probe started (the next is due an `interval` later, by the interval in
     /// force now: a reload that shortens it takes effect at once).
     last: Option<Instant>,
+    /// A probe of it is under way (the next waits for its result).
+    probing: bool,
     successes: u32,
     failures: u32,
 }
 
+/// A probe's outcome, sent back by its thread: (the endpoint's state, address, check,
+/// upstream name, result). (The state travels with it: while a result is on its way, its
+/// address cannot be taken by a new endpoint's state, whose track it would then reach.)
+type Outcome = (
+    Arc<EndpointState>,
+    SocketAddr,
+    HealthCheckConfig,
+    String,
+    Result<(), String>,
+);
+
 /// Runs health checks until `stop` is set.
+///
+/// Each probe runs on a thread of its own (at most [`PROBE_THREADS`] at a time) and sends
+/// its result back; the loop applies what came in, then starts what is due. A slow endpoint
+/// (a probe that runs to its timeout) delays only its own next probe: every other endpoint
+/// keeps its interval.
 pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tracks: HashMap<usize, Track> = HashMap::new();
+    let (results_tx, results) = std::sync::mpsc::channel::<Outcome>();
+    let mut running = 0;
     while !stop.load(Ordering::Acquire) && !shared.is_draining() {
+        for (state, addr, hc, name, result) in results.try_iter() {
+            running -= 1;
+            if let Some(t) = tracks.get_mut(&(Arc::as_ptr(&state) as usize)) {
+                t.probing = false;
+                apply(t, result, &hc, &name, addr, shared.millis(Instant::now()));
+            }
+        }
         let published = shared.published.load_full();
         let now = Instant::now();
-        let mut due: Vec<Due> = Vec::new();
         // Endpoints still checked (a set: thousands of endpoints are looked up every round).
         let mut seen = std::collections::HashSet::new();
         for (i, cfg) in published.gen.upstreams.iter().enumerate() {
@@ -66,79 +92,45 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 let t = tracks.entry(key).or_insert_with(|| Track {
                     state: ep.state.clone(),
                     last: None,
+                    probing: false,
                     successes: 0,
                     failures: 0,
                 });
-                if t.last.is_none_or(|last| now >= last + hc.interval) {
-                    t.last = Some(now);
-                    due.push((
-                        key,
-                        ep.addr,
-                        ep.authority.clone(),
-                        hc.clone(),
-                        cfg.name.clone(),
-                        cfg.tls.clone(),
-                    ));
+                let due = !t.probing && t.last.is_none_or(|last| now >= last + hc.interval);
+                // (One due while all probe threads are busy stays due for the next round.)
+                if !due || running >= PROBE_THREADS {
+                    continue;
                 }
-            }
-        }
-        tracks.retain(|k, _| seen.contains(k));
-
-        if !due.is_empty() {
-            // Probes run on threads of their own, at most `PROBE_THREADS` at a time; each
-            // batch's results apply as it ends, and a shutdown is not held up by the rest.
-            for batch in due.chunks(PROBE_THREADS) {
-                if stop.load(Ordering::Acquire) || shared.is_draining() {
-                    break;
-                }
-                let results: Vec<Option<Result<(), String>>> = std::thread::scope(|s| {
-                    let handles: Vec<_> = batch
-                        .iter()
-                        .map(|(_, addr, authority, hc, _, tls)| {
-                            std::thread::Builder::new()
-                                .name("ringway-probe".into())
-                                .spawn_scoped(s, move || {
-                                    probe(*addr, authority, hc, tls.as_deref())
-                                })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| match h {
-                            Ok(h) => Some(
-                                h.join()
-                                    .unwrap_or_else(|_| Err("health probe panicked".into())),
-                            ),
-                            // A thread the system refuses (a pids limit) says nothing about
-                            // the endpoint: no result (tried again at its next interval).
-                            Err(e) => {
-                                tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
-                                None
-                            }
-                        })
-                        .collect()
-                });
-                for (result, (key, addr, _, hc, name, _)) in results.into_iter().zip(batch) {
-                    if let (Some(result), Some(t)) = (result, tracks.get_mut(key)) {
-                        apply(t, result, hc, name, *addr, shared.millis(Instant::now()));
+                let (addr, authority, hc) = (ep.addr, ep.authority.clone(), hc.clone());
+                let (name, tls, tx) = (cfg.name.clone(), cfg.tls.clone(), results_tx.clone());
+                let state = t.state.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("ringway-probe".into())
+                    .spawn(move || {
+                        let result = probe(addr, &authority, &hc, tls.as_deref());
+                        // (The loop may be gone: a shutdown does not wait for probes.)
+                        let _ = tx.send((state, addr, hc, name, result));
+                    });
+                t.last = Some(now);
+                match spawned {
+                    Ok(_) => {
+                        t.probing = true;
+                        running += 1;
+                    }
+                    // A thread the system refuses (a pids limit) says nothing about the
+                    // endpoint: no result (tried again at its next interval).
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
                     }
                 }
             }
         }
+        // A track that goes keeps counting its probe under way until the result comes.
+        tracks.retain(|k, _| seen.contains(k));
         #[allow(clippy::disallowed_methods)] // the health thread is not a worker
         std::thread::sleep(ROUND);
     }
 }
-
-/// A probe to run this round: (track key, address, authority, check, upstream name, TLS).
-type Due = (
-    usize,
-    SocketAddr,
-    Arc<str>,
-    HealthCheckConfig,
-    String,
-    Option<Arc<crate::tls::client::UpstreamTls>>,
-);
 
 /// Folds one probe result into the endpoint's run and flips its health at the thresholds.
 fn apply(
@@ -364,6 +356,7 @@ mod tests {
         let mut t = Track {
             state: state.clone(),
             last: None,
+            probing: false,
             successes: 0,
             failures: 0,
         };
