@@ -211,6 +211,13 @@ impl Server {
                 .spawn(move || control::health::run(shared, stop))
                 .map_err(|e| StartError::Worker(format!("cannot spawn the health thread: {e}")))?
         };
+        {
+            let (shared, stop) = (shared.clone(), stop_control.clone());
+            std::thread::Builder::new()
+                .name("ringway-dns".into())
+                .spawn(move || control::run_dns(shared, stop))
+                .map_err(|e| StartError::Worker(format!("cannot spawn the DNS thread: {e}")))?;
+        }
         let admin = match admin_listener {
             None => None,
             Some(listener) => {

@@ -295,6 +295,19 @@ impl Shared {
         self.version.fetch_add(1, Ordering::Release);
     }
 
+    /// Publishes `published` in place of `current`, unless another was published since
+    /// `current` was loaded; whether it was.
+    pub fn publish_over(&self, current: &Arc<Published>, published: Published) -> bool {
+        let prev = self
+            .published
+            .compare_and_swap(current, Arc::new(published));
+        if !Arc::ptr_eq(&prev, current) {
+            return false;
+        }
+        self.version.fetch_add(1, Ordering::Release);
+        true
+    }
+
     /// The number of the generation in force.
     pub fn generation(&self) -> u64 {
         self.published.load().number

@@ -3,8 +3,9 @@
 //!   config file (its modification time and size polled every second, read once they stayed
 //!   the same for a poll, its content hashed), it parses, validates and compiles a new generation, resolves its names and binds its new
 //!   listeners; only then is it published. Any error keeps the running generation.
-//! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured); a
-//!   failed lookup keeps the last answer (RFC 8767: serve stale).
+//! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured), on
+//!   a thread of its own (a slow resolver holds up nothing else); a failed lookup keeps the
+//!   last answer (RFC 8767: serve stale).
 //!
 //! Ownership: runs on its own std thread; talks to workers only through `Shared` (generations)
 //! and one channel per worker (listener sockets), which workers poll on their tick.
@@ -436,28 +437,56 @@ impl Control {
         tracing::info!(path = %cfg.path.display(), "access log reopened");
         Ok(())
     }
+}
 
-    /// Re-resolves endpoint names; publishes the same generation with new endpoints when the
-    /// answers changed.
-    fn refresh_dns(&self) {
-        let current = self.shared.published.load_full();
-        let book = StateBook::new(Some(&current), self.shared.workers);
-        let Ok(table) = resolve(&current.gen, &book, Some(&current), false) else {
-            return;
-        };
-        if *current.endpoints != table {
+/// Re-resolves the endpoint names of the generation in force; publishes it again with the new
+/// endpoints when the answers changed, unless a reload published another meanwhile (which
+/// resolved its names itself).
+fn refresh_dns(shared: &Shared) {
+    let current = shared.published.load_full();
+    let book = StateBook::new(Some(&current), shared.workers);
+    let Ok(table) = resolve(&current.gen, &book, Some(&current), false) else {
+        return;
+    };
+    if *current.endpoints != table {
+        let next = Published::new(current.number, current.gen.clone(), table, &book)
+            .with_access_log(current.access_log.clone());
+        if shared.publish_over(&current, next) {
             tracing::info!("upstream endpoints changed after DNS refresh");
-            self.shared.publish(
-                Published::new(current.number, current.gen.clone(), table, &book)
-                    .with_access_log(current.access_log.clone()),
-            );
+        }
+    }
+}
+
+/// Resolves upstream names again every `dns_refresh` until `stop` is set, on a thread of its
+/// own: a lookup blocks (getaddrinfo, with the resolver's own timeouts and retries), and a
+/// slow resolver must not hold up reloads, log reopening or shutdown. (It is not waited for
+/// at shutdown: a lookup under way ends with the process.)
+pub fn run_dns(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Acquire) && !shared.is_draining() {
+        #[allow(clippy::disallowed_methods)] // the DNS thread is not a worker
+        std::thread::sleep(CONTROL_TICK);
+        let now = Instant::now();
+        // The interval in force now: a reload that changes it applies from the next look.
+        let gen = shared.published.load().gen.clone();
+        if gen
+            .dns_refresh
+            .is_some_and(|every| now.saturating_duration_since(last) >= every)
+        {
+            last = now;
+            if gen
+                .upstreams
+                .iter()
+                .any(|u| u.endpoints.iter().any(|e| e.literal.is_none()))
+            {
+                refresh_dns(&shared);
+            }
         }
     }
 }
 
 /// The control loop; returns when `stop` is set.
 pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBool>) {
-    let mut last_dns = Instant::now();
     let mut next_file = Instant::now() + FILE_POLL;
     while !stop.load(Ordering::Acquire) {
         match commands.recv_timeout(CONTROL_TICK) {
@@ -490,27 +519,34 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
             next_file = now + FILE_POLL;
             control.poll_file();
         }
-        // The interval in force now: a reload that changes it applies from the next look.
-        let gen = control.shared.published.load().gen.clone();
-        if gen
-            .dns_refresh
-            .is_some_and(|every| now.saturating_duration_since(last_dns) >= every)
-        {
-            last_dns = now;
-            if gen
-                .upstreams
-                .iter()
-                .any(|u| u.endpoints.iter().any(|e| e.literal.is_none()))
-            {
-                control.refresh_dns();
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_answers_are_not_published_over_a_reload_that_came_meanwhile() {
+        let gen = Arc::new(
+            crate::config::compile("[[listeners]]\naddress = \"127.0.0.1:0\"\n", "t").unwrap(),
+        );
+        let book = StateBook::new(None, 1);
+        let published = |n| Published::new(n, gen.clone(), Vec::new(), &book);
+        let shared = Shared::new(1, published(1), crate::shared::DriverKind::Epoll, None);
+        // The DNS thread loads generation 1 and resolves; a reload publishes generation 2.
+        let seen = shared.published.load_full();
+        shared.publish(published(2));
+        let version = shared.version.load(Ordering::Acquire);
+        assert!(!shared.publish_over(&seen, published(1)));
+        assert_eq!(shared.generation(), 2);
+        assert_eq!(shared.version.load(Ordering::Acquire), version);
+        // Over the generation it resolved for, the answers are published.
+        let seen = shared.published.load_full();
+        assert!(shared.publish_over(&seen, published(2)));
+        assert!(!Arc::ptr_eq(&seen, &shared.published.load_full()));
+        assert_eq!(shared.version.load(Ordering::Acquire), version + 1);
+    }
 
     #[test]
     fn a_reload_keeps_what_needs_a_restart() {
