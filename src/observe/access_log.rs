@@ -178,21 +178,79 @@ pub fn spawn_writer() -> std::io::Result<(Queue, JoinHandle<()>)> {
 }
 
 fn write_loop(rx: Receiver<Msg>, errors: &AtomicU64) {
-    let mut reported: Option<Instant> = None;
+    let mut writer = Writer::default();
     while let Ok(Msg::Write(batch)) = rx.recv() {
-        let mut f = &batch.file.file;
-        if let Err(e) = f.write_all(&batch.bytes) {
+        writer.write(&batch, errors);
+    }
+}
+
+/// The writer thread's state between batches.
+#[derive(Debug, Default)]
+struct Writer {
+    /// When a write error was last logged.
+    reported: Option<Instant>,
+    /// A file whose last write stopped part-way through a line (a full disk): the next write
+    /// to it ends that line first, so that its first line starts on a line of its own.
+    /// (Ended at once, the newline would fail as the write did, or leave a blank line when
+    /// no byte of the batch had gone out.)
+    torn: Option<Arc<LogFile>>,
+}
+
+impl Writer {
+    fn write(&mut self, batch: &Batch, errors: &AtomicU64) {
+        let end_torn = self
+            .torn
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(t, &batch.file));
+        let (ended, written, result) = write_batch(&batch.file.file, end_torn, &batch.bytes);
+        if ended {
+            self.torn = None;
+        }
+        if let Err(e) = result {
             errors.fetch_add(1, Ordering::Relaxed);
-            // Part of a line may have gone out: end it, so that the next batch's first line
-            // starts on a line of its own.
-            let _ = f.write_all(b"\n");
+            if written > 0 && !batch.bytes[..written].ends_with(b"\n") {
+                self.torn = Some(batch.file.clone());
+            }
             let now = Instant::now();
-            if reported.is_none_or(|at| now.duration_since(at) >= WRITE_ERROR_REPORT) {
-                reported = Some(now);
+            if self
+                .reported
+                .is_none_or(|at| now.duration_since(at) >= WRITE_ERROR_REPORT)
+            {
+                self.reported = Some(now);
                 tracing::error!(path = %batch.file.path, error = %e, "cannot write the access log");
             }
         }
     }
+}
+
+/// Writes `bytes` to `f`, after a newline when `newline_first`: whether that newline went out,
+/// how many bytes of `bytes` did, and how it ended.
+fn write_batch(
+    mut f: &File,
+    newline_first: bool,
+    bytes: &[u8],
+) -> (bool, usize, std::io::Result<()>) {
+    if newline_first {
+        if let Err(e) = f.write_all(b"\n") {
+            return (false, 0, Err(e));
+        }
+    }
+    let mut done = 0;
+    while done < bytes.len() {
+        match f.write(&bytes[done..]) {
+            Ok(0) => {
+                return (
+                    newline_first,
+                    done,
+                    Err(std::io::ErrorKind::WriteZero.into()),
+                )
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (newline_first, done, Err(e)),
+        }
+    }
+    (newline_first, done, Ok(()))
 }
 
 /// Most spare line buffers a worker keeps for requests in progress.
@@ -601,6 +659,56 @@ mod tests {
         let mut out = Vec::new();
         put_str(&mut out, s);
         String::from_utf8(out).expect("valid UTF-8")
+    }
+
+    #[test]
+    fn a_line_cut_by_a_failed_write_is_ended_before_the_next_batch() {
+        use std::io::Read;
+        use std::os::fd::FromRawFd;
+        // A pipe whose write end does not block: a batch larger than the pipe holds goes out
+        // in part, then fails, as a write to a full disk does.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        let opened = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(opened, 0);
+        // SAFETY: both descriptors were just opened and are owned by nothing else.
+        let (mut reader, writer) =
+            unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let file = Arc::new(LogFile {
+            file: writer,
+            path: "pipe".into(),
+        });
+        let line = |n: usize, c: u8| {
+            let mut l = vec![c; n];
+            l.push(b'\n');
+            l
+        };
+        let (mut w, errors) = (Writer::default(), AtomicU64::new(0));
+        let big = Batch {
+            file: file.clone(),
+            bytes: line(1 << 20, b'a'),
+        };
+        w.write(&big, &errors);
+        assert_eq!(errors.load(Ordering::Relaxed), 1);
+        let mut cut = Vec::new();
+        let _ = reader.read_to_end(&mut cut);
+        assert!(
+            !cut.is_empty() && !cut.ends_with(b"\n"),
+            "{} bytes",
+            cut.len()
+        );
+        // The next batch starts on a line of its own; one after it gets no blank line.
+        for c in [b'b', b'c'] {
+            let next = Batch {
+                file: file.clone(),
+                bytes: line(10, c),
+            };
+            w.write(&next, &errors);
+        }
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest);
+        assert_eq!(rest, b"\nbbbbbbbbbb\ncccccccccc\n");
+        assert_eq!(errors.load(Ordering::Relaxed), 1);
     }
 
     #[test]
