@@ -316,8 +316,8 @@ pub fn render_upstreams(
 
     type Field = fn(&UpstreamStats) -> &AtomicU64;
     let counters: [(&str, &str, Field); 8] = [
-        ("ringway_upstream_requests_total", "Requests forwarded to the upstream (retries not included).", |s| &s.requests),
-        ("ringway_upstream_retries_total", "Retries sent.", |s| &s.retries),
+        ("ringway_upstream_requests_total", "Requests routed to the upstream, each once (retries not included); those the circuit breaker or a full queue then refused are counted here too, and in their own counters.", |s| &s.requests),
+        ("ringway_upstream_retries_total", "Retries admitted (counted before their backoff, as by the retry budget).", |s| &s.retries),
         ("ringway_upstream_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", |s| &s.budget_exhausted),
         ("ringway_upstream_circuit_open_total", "Requests refused because the circuit breaker was open.", |s| &s.circuit_open),
         ("ringway_upstream_saturated_total", "Requests refused because every endpoint was at its connection limit and the queue was full or the wait ran out.", |s| &s.saturated),

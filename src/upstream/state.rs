@@ -84,9 +84,9 @@ impl EndpointStats {
 /// One worker's counters for one upstream (single writer: that worker; read at scrape).
 #[derive(Debug, Default)]
 pub struct UpstreamStats {
-    /// Requests forwarded to this upstream (first attempts).
+    /// Requests routed to this upstream, counted once when admitted (retries not included).
     pub requests: AtomicU64,
-    /// Retries sent.
+    /// Retries admitted.
     pub retries: AtomicU64,
     /// Retries refused because the budget was spent.
     pub budget_exhausted: AtomicU64,
