@@ -35,6 +35,23 @@ fn templates_rewrites_and_the_query_reach_the_origin() {
 }
 
 #[test]
+fn a_doubled_slash_after_a_stripped_prefix_does_not_become_a_denied_path() {
+    let (a, _) = two_origins();
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/api/admin\"\nrespond = {{ status = 403 }}\n\
+         [[routes]]\npath_prefix = \"/api/\"\nproxy = \"a\"\nstrip_prefix = \"/api/\"\n",
+        a.addr
+    ));
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/api/admin/users").status, 403);
+    assert_eq!(c.get("/api/items").text(), "a /items");
+    // `/api/admin` is no prefix of `/api//admin`: the proxy route takes it, and its empty
+    // segment goes on with it, not folded into the denied `/admin/users`.
+    assert_eq!(c.get("/api//admin/users").text(), "a //admin/users");
+}
+
+#[test]
 fn criteria_choose_the_upstream() {
     let (a, b) = two_origins();
     let proxy = Proxy::start(&format!(

@@ -150,29 +150,35 @@ pub fn rewrite_path(
         PathRewrite::None => out.extend_from_slice(path),
         PathRewrite::Prefix { strip, add } => {
             // Whole segments only: `/api` strips `/api/x` and `/api`, never `/apiary` or
-            // `/api..` (which would leave `..` behind as a segment of its own).
+            // `/api..` (which would leave `..` behind as a segment of its own). What is left
+            // starts with `/` or is empty: a prefix written with its trailing `/` leaves that
+            // slash to the rest. Every slash of the request stays: `/api//admin` stripped of
+            // `/api/` is `//admin`, not `/admin`, which is another path (one that a route
+            // more specific than this one, a deny, may hold).
             let rest = match strip {
+                Some(p) if p.ends_with('/') && path.starts_with(p.as_bytes()) => {
+                    &path[p.len() - 1..]
+                }
                 Some(p)
                     if path.starts_with(p.as_bytes())
-                        && (p.ends_with('/') || matches!(path.get(p.len()), None | Some(b'/'))) =>
+                        && matches!(path.get(p.len()), None | Some(b'/')) =>
                 {
                     &path[p.len()..]
                 }
                 _ => path,
             };
-            if let Some(a) = add {
-                out.extend_from_slice(a.as_bytes());
+            // At the junction the configured prefix gives up its trailing `/` to the rest's
+            // first one: never a slash of the request.
+            let add = add.as_deref().map_or(&b""[..], str::as_bytes);
+            let add = match (add.split_last(), rest.first()) {
+                (Some((b'/', head)), Some(b'/')) => head,
+                _ => add,
+            };
+            out.extend_from_slice(add);
+            if out.is_empty() && rest.is_empty() {
+                out.push(b'/');
             }
-            match (out.last(), rest.first()) {
-                (None, None) => out.push(b'/'),
-                (Some(_), None) => {}
-                (Some(b'/'), Some(b'/')) => out.extend_from_slice(&rest[1..]),
-                (Some(b'/'), _) | (_, Some(b'/')) => out.extend_from_slice(rest),
-                _ => {
-                    out.push(b'/');
-                    out.extend_from_slice(rest);
-                }
-            }
+            out.extend_from_slice(rest);
         }
         PathRewrite::Regex(rw) => {
             let Some(RewriteScratch { cache, caps }) = scratch else {
@@ -264,6 +270,40 @@ mod tests {
             "/base/x",
             "no doubled slash at the junction"
         );
+    }
+
+    #[test]
+    fn prefix_rewrites_keep_every_slash_of_the_request() {
+        // An empty segment is the request's own: dropped, `/api//admin` would become the
+        // path a route for `/api/admin` decides on.
+        let strip = |p: &str, add: Option<&str>| PathRewrite::Prefix {
+            strip: Some(p.into()),
+            add: add.map(Into::into),
+        };
+        assert_eq!(run(&strip("/api/", None), "/api//admin"), "//admin");
+        assert_eq!(run(&strip("/api", None), "/api//admin"), "//admin");
+        assert_eq!(
+            run(&strip("/api", Some("/v2/")), "/api//admin"),
+            "/v2//admin"
+        );
+        assert_eq!(
+            run(&strip("/api/", Some("/v2")), "/api//admin"),
+            "/v2//admin"
+        );
+        assert_eq!(
+            run(&strip("/api/", Some("/v2/")), "/api/admin"),
+            "/v2/admin"
+        );
+        assert_eq!(run(&strip("/api/", Some("/v2/")), "/api/"), "/v2/");
+        assert_eq!(run(&strip("/api/", Some("/v2")), "/api/"), "/v2/");
+        assert_eq!(run(&strip("/", None), "//x"), "//x");
+        let add = PathRewrite::Prefix {
+            strip: None,
+            add: Some("/v2/".into()),
+        };
+        assert_eq!(run(&add, "//admin"), "/v2//admin");
+        assert_eq!(run(&add, "/admin"), "/v2/admin");
+        assert_eq!(run(&add, "/"), "/v2/");
     }
 
     #[test]
