@@ -52,6 +52,32 @@ fn a_doubled_slash_after_a_stripped_prefix_does_not_become_a_denied_path() {
 }
 
 #[test]
+fn a_path_parameter_does_not_walk_around_a_deny_route() {
+    let (a, _) = two_origins();
+    let routes = |http: &str| {
+        format!(
+            "{http}[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+             [[routes]]\npath_prefix = \"/admin/\"\nrespond = {{ status = 403 }}\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+            a.addr
+        )
+    };
+    // A servlet container reads `/admin;x/users` as `/admin/users`: refused.
+    let proxy = Proxy::start(&routes(""));
+    let mut c = proxy.connect();
+    c.send(b"GET /admin;x/users HTTP/1.1\r\nHost: h\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (400, Some("bad_request"))
+    );
+    // Kept when the applications use them, as they are.
+    let proxy = Proxy::start(&routes("[http]\npath_parameters = \"keep\"\n"));
+    let mut c = proxy.connect();
+    assert_eq!(c.get("/cart;jsessionid=A1").text(), "a /cart;jsessionid=A1");
+}
+
+#[test]
 fn criteria_choose_the_upstream() {
     let (a, b) = two_origins();
     let proxy = Proxy::start(&format!(

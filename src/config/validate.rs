@@ -594,6 +594,16 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
                     )
                 }
             },
+            path_parameters: match &h.path_parameters {
+                None => false,
+                Some(v) if v.get_ref() == "reject" => false,
+                Some(v) if v.get_ref() == "keep" => true,
+                Some(v) => {
+                    return Err(
+                        ctx.error(v.span(), "http.path_parameters is \"reject\" or \"keep\"")
+                    )
+                }
+            },
         },
         max_request_body_bytes,
         max_connections,
@@ -1775,6 +1785,20 @@ mod tests {
             let e = err(&tls(good));
             assert!(!e.to_string().contains("SNI"), "{good}: {e}");
         }
+    }
+
+    #[test]
+    fn path_parameters_are_refused_unless_kept() {
+        let g = compile(MIN, "t.toml").unwrap();
+        assert!(!g.http.limits.path_parameters);
+        let g = compile(
+            &format!("{MIN}[http]\npath_parameters = \"keep\"\n"),
+            "t.toml",
+        )
+        .unwrap();
+        assert!(g.http.limits.path_parameters);
+        let e = err(&format!("{MIN}[http]\npath_parameters = \"strip\"\n"));
+        assert!(e.to_string().contains("path_parameters"), "{e}");
     }
 
     #[test]

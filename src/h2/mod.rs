@@ -1195,6 +1195,7 @@ mod tests {
                 max_request_line_bytes: max_line,
                 max_head_bytes: max_head,
                 encoded_slashes: false,
+                path_parameters: false,
             };
             check_written(&req.into_parts().0, chunked, &limits);
         }

@@ -99,6 +99,8 @@ pub struct HeadLimits {
     pub max_request_line_bytes: usize,
     /// `%2F` in a request path is allowed (routed as it is, not as a `/`); otherwise 400.
     pub encoded_slashes: bool,
+    /// `;` in a request path is allowed (routed as it is); otherwise 400.
+    pub path_parameters: bool,
 }
 
 impl Default for HeadLimits {
@@ -108,6 +110,7 @@ impl Default for HeadLimits {
             max_headers: 100,
             max_request_line_bytes: 8 * 1024,
             encoded_slashes: false,
+            path_parameters: false,
         }
     }
 }
@@ -369,7 +372,7 @@ fn read_request<'a>(
     if head.method == Method::Connect {
         return Err(ParseError::UnsupportedMethod);
     }
-    parse_target(buf, target, head, limits.encoded_slashes)?;
+    parse_target(buf, target, head, limits)?;
 
     // Header fields: classify, record, and gather what framing and persistence depend on.
     let mut conn_tokens = [Span::default(); MAX_CONNECTION_TOKENS];
@@ -574,7 +577,7 @@ fn parse_target(
     buf: &[u8],
     target: &[u8],
     head: &mut RequestHead,
-    encoded_slashes: bool,
+    limits: &HeadLimits,
 ) -> Result<(), ParseError> {
     if target.contains(&b'#') {
         return Err(ParseError::Malformed("fragment in request target"));
@@ -617,7 +620,7 @@ fn parse_target(
         .iter()
         .position(|&b| b == b'?')
         .unwrap_or(path_and_query.len());
-    check_path(&path_and_query[..q], encoded_slashes)?;
+    check_path(&path_and_query[..q], limits)?;
     head.path = Span::of(buf, &path_and_query[..q]);
     head.query = Span::of(buf, &path_and_query[q..]);
     Ok(())
@@ -647,10 +650,15 @@ pub fn path_ambiguity(path: &[u8]) -> Option<&'static str> {
 /// `/admin` cannot be walked around with them. Unless `encoded_slashes`, an encoded slash
 /// too: routing matches `/admin%2Fusers` as one segment, a backend that decodes it before
 /// its own routing sees `/admin/users` (some APIs put `%2F` in a segment on purpose: then
-/// allow it, and route accordingly).
-fn check_path(path: &[u8], encoded_slashes: bool) -> Result<(), ParseError> {
+/// allow it, and route accordingly). Unless `path_parameters`, a `;` too: servlet
+/// containers (Tomcat, Jetty) drop `;` parameters from every segment before their own
+/// routing, so `/admin;x/users` is `/admin/users` to them, and not to a route for `/admin/`.
+fn check_path(path: &[u8], limits: &HeadLimits) -> Result<(), ParseError> {
     if let Some(why) = path_ambiguity(path) {
         return Err(ParseError::Malformed(why));
+    }
+    if !limits.path_parameters && path.contains(&b';') {
+        return Err(ParseError::Malformed("path parameter (;) in path"));
     }
     let mut i = 0;
     while let Some(off) = path[i..].iter().position(|&b| b == b'%') {
@@ -670,7 +678,7 @@ fn check_path(path: &[u8], encoded_slashes: bool) -> Result<(), ParseError> {
         if c == b'\\' {
             return Err(ParseError::Malformed("percent-encoded backslash in path"));
         }
-        if c == b'/' && !encoded_slashes {
+        if c == b'/' && !limits.encoded_slashes {
             return Err(ParseError::Malformed("percent-encoded slash in path"));
         }
         i = at + 3;
@@ -1215,6 +1223,10 @@ mod tests {
             b"/a%",
             b"/admin%2Fusers",
             b"/public/..%2fadmin",
+            // Servlet containers drop `;` parameters: `/admin/users`, `/actuator/env`.
+            b"/admin;x/users",
+            b"/actuator/env;",
+            b"/..;/admin",
         ] {
             let req = [b"GET ", bad, b"?x=/../ HTTP/1.1\r\nHost: a\r\n\r\n"].concat();
             let r = parse(&req);
@@ -1247,6 +1259,18 @@ mod tests {
         let mut h = RequestHead::default();
         assert_eq!(parse_request(req, &keep, &mut h), Ok(Some(req.len())));
         assert_eq!(h.path.get(req), b"/projects/group%2Fname");
+        // Path parameters when allowed (`http.path_parameters = "keep"`); `..;` never.
+        let keep = HeadLimits {
+            path_parameters: true,
+            ..HeadLimits::default()
+        };
+        let req = b"GET /shop/cart;jsessionid=A1 HTTP/1.1\r\nHost: a\r\n\r\n";
+        let mut h = RequestHead::default();
+        assert_eq!(parse_request(req, &keep, &mut h), Ok(Some(req.len())));
+        assert_eq!(h.path.get(req), b"/shop/cart;jsessionid=A1");
+        let req = b"GET /..;/admin HTTP/1.1\r\nHost: a\r\n\r\n";
+        let r = parse_request(req, &keep, &mut RequestHead::default());
+        assert!(matches!(r, Err(ParseError::Malformed(_))), "{r:?}");
     }
 
     #[test]
