@@ -60,7 +60,7 @@ proptest! {
     #[test]
     fn generated_requests_parse_at_every_split((target, bytes, headers, length) in request()) {
         // (`%2F` is generated too: allowed here, as with `http.encoded_slashes = "keep"`.)
-        let limits = HeadLimits { max_head_bytes: 64 * 1024, max_headers: 64, max_request_line_bytes: 8192, encoded_slashes: true, path_parameters: true };
+        let limits = HeadLimits { max_head_bytes: 64 * 1024, max_headers: 64, max_request_line_bytes: 8192, encoded_slashes: true, path_parameters: true, reject_repeated_slashes: false };
         let mut head = RequestHead::default();
         let n = parse_request(&bytes, &limits, &mut head).unwrap().unwrap();
         prop_assert_eq!(n, bytes.len());

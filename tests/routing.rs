@@ -49,6 +49,15 @@ fn a_doubled_slash_after_a_stripped_prefix_does_not_become_a_denied_path() {
     // `/api/admin` is no prefix of `/api//admin`: the proxy route takes it, and its empty
     // segment goes on with it, not folded into the denied `/admin/users`.
     assert_eq!(c.get("/api//admin/users").text(), "a //admin/users");
+    // For backends that merge slashes, repeated ones can be refused.
+    let proxy = Proxy::start(&format!(
+        "[http]\nrepeated_slashes = \"reject\"\n[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+        a.addr
+    ));
+    assert_eq!(proxy.connect().get("/api//admin/users").status, 400);
+    let r = proxy.connect().get("/api/admin/users");
+    assert_eq!(r.text(), "a /api/admin/users");
 }
 
 #[test]

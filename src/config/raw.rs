@@ -86,6 +86,7 @@ pub(crate) struct RawHttp {
     pub(crate) max_request_line_bytes: Option<Spanned<i64>>,
     pub(crate) encoded_slashes: Option<Spanned<String>>,
     pub(crate) path_parameters: Option<Spanned<String>>,
+    pub(crate) repeated_slashes: Option<Spanned<String>>,
     pub(crate) max_request_body_bytes: Option<Spanned<i64>>,
     pub(crate) max_connections: Option<Spanned<i64>>,
     pub(crate) header_timeout: Option<Spanned<String>>,

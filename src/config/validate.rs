@@ -594,6 +594,16 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
                     )
                 }
             },
+            reject_repeated_slashes: match &h.repeated_slashes {
+                None => false,
+                Some(v) if v.get_ref() == "keep" => false,
+                Some(v) if v.get_ref() == "reject" => true,
+                Some(v) => {
+                    return Err(
+                        ctx.error(v.span(), "http.repeated_slashes is \"keep\" or \"reject\"")
+                    )
+                }
+            },
             path_parameters: match &h.path_parameters {
                 None => false,
                 Some(v) if v.get_ref() == "reject" => false,
@@ -1799,6 +1809,21 @@ mod tests {
         assert!(g.http.limits.path_parameters);
         let e = err(&format!("{MIN}[http]\npath_parameters = \"strip\"\n"));
         assert!(e.to_string().contains("path_parameters"), "{e}");
+        assert!(
+            !compile(MIN, "t.toml")
+                .unwrap()
+                .http
+                .limits
+                .reject_repeated_slashes
+        );
+        let g = compile(
+            &format!("{MIN}[http]\nrepeated_slashes = \"reject\"\n"),
+            "t.toml",
+        )
+        .unwrap();
+        assert!(g.http.limits.reject_repeated_slashes);
+        let e = err(&format!("{MIN}[http]\nrepeated_slashes = \"merge\"\n"));
+        assert!(e.to_string().contains("repeated_slashes"), "{e}");
     }
 
     #[test]

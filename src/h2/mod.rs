@@ -1196,6 +1196,7 @@ mod tests {
                 max_head_bytes: max_head,
                 encoded_slashes: false,
                 path_parameters: false,
+                reject_repeated_slashes: false,
             };
             check_written(&req.into_parts().0, chunked, &limits);
         }

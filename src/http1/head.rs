@@ -101,6 +101,8 @@ pub struct HeadLimits {
     pub encoded_slashes: bool,
     /// `;` in a request path is allowed (routed as it is); otherwise 400.
     pub path_parameters: bool,
+    /// `//` in a request path is refused (400); otherwise routed and forwarded as it is.
+    pub reject_repeated_slashes: bool,
 }
 
 impl Default for HeadLimits {
@@ -111,6 +113,7 @@ impl Default for HeadLimits {
             max_request_line_bytes: 8 * 1024,
             encoded_slashes: false,
             path_parameters: false,
+            reject_repeated_slashes: false,
         }
     }
 }
@@ -653,12 +656,17 @@ pub fn path_ambiguity(path: &[u8]) -> Option<&'static str> {
 /// allow it, and route accordingly). Unless `path_parameters`, a `;` too: servlet
 /// containers (Tomcat, Jetty) drop `;` parameters from every segment before their own
 /// routing, so `/admin;x/users` is `/admin/users` to them, and not to a route for `/admin/`.
+/// With `reject_repeated_slashes`, a `//` too (backends that merge slashes read `/api//admin`
+/// as `/api/admin`).
 fn check_path(path: &[u8], limits: &HeadLimits) -> Result<(), ParseError> {
     if let Some(why) = path_ambiguity(path) {
         return Err(ParseError::Malformed(why));
     }
     if !limits.path_parameters && path.contains(&b';') {
         return Err(ParseError::Malformed("path parameter (;) in path"));
+    }
+    if limits.reject_repeated_slashes && path.windows(2).any(|w| w == b"//") {
+        return Err(ParseError::Malformed("repeated slash in path"));
     }
     let mut i = 0;
     while let Some(off) = path[i..].iter().position(|&b| b == b'%') {
@@ -1271,6 +1279,18 @@ mod tests {
         let req = b"GET /..;/admin HTTP/1.1\r\nHost: a\r\n\r\n";
         let r = parse_request(req, &keep, &mut RequestHead::default());
         assert!(matches!(r, Err(ParseError::Malformed(_))), "{r:?}");
+        // Repeated slashes: kept by default, refused on request (`http.repeated_slashes`).
+        let req = b"GET /api//admin?a=//b HTTP/1.1\r\nHost: a\r\n\r\n";
+        check_split(req, Ok(Some(req.len())));
+        let strict = HeadLimits {
+            reject_repeated_slashes: true,
+            ..HeadLimits::default()
+        };
+        let r = parse_request(req, &strict, &mut RequestHead::default());
+        assert!(matches!(r, Err(ParseError::Malformed(_))), "{r:?}");
+        let req = b"GET /api/admin?a=//b HTTP/1.1\r\nHost: a\r\n\r\n";
+        let r = parse_request(req, &strict, &mut RequestHead::default());
+        assert_eq!(r, Ok(Some(req.len())), "the query is no path");
     }
 
     #[test]
