@@ -918,6 +918,33 @@ fn a_hash_key_whose_http2_endpoint_is_saturated_goes_to_one_with_room() {
 }
 
 #[test]
+fn a_one_byte_body_reaches_an_http2_upstream_at_once() {
+    // The first DATA piece of a stream is exactly the byte of window its opening reserved.
+    let proxy = proxy_to_h2(h2_origin());
+    for body in ["x", "xy"] {
+        let started = Instant::now();
+        let mut c = Client::connect(proxy.addr);
+        c.stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        c.send(
+            format!(
+                "POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        let r = c.read_response(false).expect("an answer in time");
+        assert_eq!(r.status, 200, "{body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
 fn requests_waiting_for_a_stream_spend_no_rate_limit_tokens() {
     // One stream at a time; `/slow` holds it for 300 ms.
     let origin = one_stream_origin(|req, respond| async move {

@@ -970,6 +970,20 @@ pub async fn send_windowed(
 ) -> Result<(), SendFail> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
+        // Window already assigned to the stream is used as it is: h2 tells of capacity only
+        // when it grows, and a reservation no larger than the one before (the byte a stream's
+        // opening reserved, then a one-byte body) assigns nothing new, so a wait for that
+        // would last until the stall bound.
+        let held = send.capacity();
+        if held > 0 {
+            let piece = data.split_to(held.min(data.len()));
+            send.send_data(piece, end && data.is_empty())
+                .map_err(|e| SendFail::Closed(Some(e)))?;
+            if data.is_empty() {
+                return Ok(());
+            }
+            continue;
+        }
         // Capacity at hand (the usual case) needs no timer.
         let now = poll_fn(|cx| Poll::Ready(send.poll_capacity(cx))).await;
         let cap = match now {
