@@ -918,6 +918,36 @@ fn a_hash_key_whose_http2_endpoint_is_saturated_goes_to_one_with_room() {
 }
 
 #[test]
+fn forwarded_for_named_in_connection_does_not_reach_an_http2_upstream() {
+    // The origin answers with the x-forwarded-for it got.
+    let origin = tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::handshake(tcp).await else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            let xff = req.headers().get("x-forwarded-for").cloned();
+            let mut resp = http::Response::builder().status(200);
+            if let Some(v) = xff {
+                resp = resp.header("x-seen-xff", v);
+            }
+            let _ = respond.send_response(resp.body(()).unwrap(), true);
+        }
+    });
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let mut c = Client::connect(proxy.addr);
+    c.send(b"GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.header("x-seen-xff"), Some("1.2.3.4, 127.0.0.1"));
+    c.send(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: X-Forwarded-For\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n");
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.header("x-seen-xff"), Some("127.0.0.1"));
+}
+
+#[test]
 fn a_one_byte_body_reaches_an_http2_upstream_at_once() {
     // The first DATA piece of a stream is exactly the byte of window its opening reserved.
     let proxy = proxy_to_h2(h2_origin());

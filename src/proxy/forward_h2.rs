@@ -103,7 +103,8 @@ fn build_request(
                 continue;
             }
             HeaderKind::XForwardedFor => {
-                if trusted && !value.is_empty() {
+                // (Named in Connection, it was for the hop before: as if not sent.)
+                if trusted && !h.hop && !value.is_empty() {
                     xff.push_str(&String::from_utf8_lossy(value));
                     xff.push_str(", ");
                 }
