@@ -266,7 +266,10 @@ fn unary_and_streaming_calls_keep_their_trailers() {
             headers["x-te"], "trailers",
             "TE: trailers reaches the server"
         );
-        assert_eq!(headers["x-grpc-timeout"], "5S");
+        // The time left of the call's 5 s, in milliseconds.
+        let left = headers["x-grpc-timeout"].to_str().unwrap();
+        let ms: u64 = left.strip_suffix('m').unwrap().parse().unwrap();
+        assert!((4000..=5000).contains(&ms), "{left}");
         assert_eq!(data, msg);
         let t = trailers.expect("trailers");
         assert_eq!(
@@ -329,6 +332,23 @@ fn grpc_deadline_and_gateway_errors_are_trailers_only() {
         );
         assert_eq!(headers["content-type"], "application/grpc");
         assert!(data.is_empty() && head_ended, "trailers-only");
+    });
+}
+
+#[test]
+fn the_upstream_is_told_the_time_left_of_its_attempt() {
+    // A try timeout shorter than the call's own: the upstream hears of the try's.
+    let proxy = proxy_to_h2_with(h2_origin(), "retries = { per_try_timeout = \"1s\" }");
+    rt().block_on(async {
+        let (status, headers, ..) =
+            call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), Some("10S")).await;
+        assert_eq!(status, 200);
+        let left = headers["x-grpc-timeout"].to_str().unwrap();
+        let ms: u64 = left.strip_suffix('m').unwrap().parse().unwrap();
+        assert!((500..=1000).contains(&ms), "{left}");
+        // Without a grpc-timeout of its own, the call gets none.
+        let (_, headers, ..) = call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), None).await;
+        assert_eq!(headers["x-grpc-timeout"], "");
     });
 }
 

@@ -43,6 +43,19 @@ pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
     Some(d.min(MAX_DEADLINE))
 }
 
+/// `d` as a `grpc-timeout` value: whole milliseconds (rounded down: never more time than is
+/// left), microseconds below one, and seconds beyond what 8 digits of milliseconds hold.
+pub fn format_timeout(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        format!("{}u", d.as_micros().max(1))
+    } else if ms <= 99_999_999 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", d.as_secs().min(99_999_999))
+    }
+}
+
 /// The gRPC status code for a gateway error (the gRPC-over-HTTP mapping, with ringway's own
 /// timeouts as DEADLINE_EXCEEDED).
 pub fn status_for(kind: ErrorKind) -> u8 {
@@ -72,6 +85,26 @@ pub fn status_for(kind: ErrorKind) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeouts_are_written_as_they_are_read() {
+        for d in [
+            Duration::from_millis(1500),
+            Duration::from_micros(250),
+            Duration::from_nanos(10),
+            Duration::from_secs(24 * 3600),
+            Duration::from_secs(200_000),
+        ] {
+            let text = format_timeout(d);
+            let back = parse_timeout(text.as_bytes()).expect(&text);
+            assert!(back <= d.max(Duration::from_micros(1)), "{text}");
+            assert!(
+                d.min(MAX_DEADLINE).abs_diff(back) < Duration::from_millis(1),
+                "{text}"
+            );
+        }
+        assert_eq!(format_timeout(Duration::from_millis(1999)), "1999m");
+    }
 
     #[test]
     fn timeouts_follow_the_grammar() {

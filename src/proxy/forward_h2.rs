@@ -68,10 +68,9 @@ fn build_request(
     cg: &CoreGen,
     conn: &ClientConn,
     info: &ReqInfo,
-    route: &Route,
-    action: &ProxyAction,
-    params: &Params,
+    (route, action, params): (&Route, &ProxyAction, &Params),
     authority: &str,
+    grpc_timeout: Option<Duration>,
 ) -> Result<http::Request<()>, Error> {
     let bad =
         |why: &'static str| Error::new(ErrorKind::BadRequest, Side::Downstream).with_cause(why);
@@ -121,9 +120,18 @@ fn build_request(
             HeaderKind::XForwardedProto if !trusted => continue,
             HeaderKind::Forwarded | HeaderKind::XForwardedOrigin if !trusted => continue,
             _ if h.hop => continue,
+            // Stated again below: the time left.
+            _ if grpc_timeout.is_some()
+                && h.name.get(src).eq_ignore_ascii_case(b"grpc-timeout") =>
+            {
+                continue
+            }
             _ => {}
         }
         b = b.header(h.name.get(src), value);
+    }
+    if let Some(left) = grpc_timeout {
+        b = b.header("grpc-timeout", crate::h2::grpc::format_timeout(left));
     }
     if let BodyFraming::Length(n) = head.framing {
         b = b.header(http::header::CONTENT_LENGTH, n);
@@ -620,19 +628,6 @@ pub(super) async fn proxy(
                 Ok(x) => x,
                 Err(err) => break 'attempt Attempt::Failed(err, FailureClass::Connect),
             };
-            let req = match build_request(
-                up.cfg.tls.is_some(),
-                cg,
-                conn,
-                info,
-                route,
-                action,
-                params,
-                ep.authority(),
-            ) {
-                Ok(r) => r,
-                Err(e) => break 'attempt Attempt::Client(e),
-            };
             let reset = |e: h2::Error| {
                 // A GOAWAY reaches, as an error, only the streams above its last stream id
                 // (those at or below it end as the connection does): whatever its error
@@ -667,15 +662,39 @@ pub(super) async fn proxy(
                 Ok(s) => s,
                 Err(e) => break 'attempt unsent(e),
             };
+            let now = w.now();
+            let limit = (now + plan.try_timeout).min(plan.total_deadline);
+            // The call's own grpc-timeout ends first: its passing is the client's doing.
+            let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
+            let head_deadline = call_deadline.unwrap_or(limit);
+            // A call with a grpc-timeout tells the upstream the time it has left for this
+            // attempt (after the queue, earlier attempts and their backoffs, and within the
+            // try timeout), as gRPC servers expect of a proxy; one whose deadline passed
+            // before it could be sent is not sent.
+            let grpc_timeout = plan
+                .grpc_deadline
+                .map(|_| head_deadline.saturating_duration_since(now));
+            if call_deadline.is_some() && grpc_timeout.is_some_and(|t| t.is_zero()) {
+                let err = Error::new(ErrorKind::UpstreamTimeout, Side::Upstream);
+                break 'attempt Attempt::Local(err.with_cause("the call's grpc-timeout passed"));
+            }
+            let req = match build_request(
+                up.cfg.tls.is_some(),
+                cg,
+                conn,
+                info,
+                (route, action, params),
+                ep.authority(),
+                grpc_timeout,
+            ) {
+                Ok(r) => r,
+                Err(e) => break 'attempt Attempt::Client(e),
+            };
             let end_stream = matches!(body, BodyPlan::None);
             let (resp, mut stream) = match sender.send_request(req, end_stream) {
                 Ok(x) => x,
                 Err(e) => break 'attempt unsent(e),
             };
-            let limit = (w.now() + plan.try_timeout).min(plan.total_deadline);
-            // The call's own grpc-timeout ends first: its passing is the client's doing.
-            let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
-            let head_deadline = call_deadline.unwrap_or(limit);
             let pipelined = conn.pipelines(head_len, !matches!(body, BodyPlan::Streamed));
             let mut gone = ClientGone::of(w, cg, &conn.stream, pipelined);
             // A deadline passing: the call's own grpc-timeout is the client's doing, not a
