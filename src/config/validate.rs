@@ -1323,6 +1323,13 @@ fn compile_host(text: &str) -> Result<HostMatch, String> {
                 "`{text}` is not a valid wildcard host (like \"*.example.com\")"
             ));
         }
+        // One trailing dot (the absolute form) is dropped, as requests' hosts lose theirs.
+        let suffix = suffix.strip_suffix('.').unwrap_or(suffix);
+        if suffix.is_empty() || suffix.ends_with('.') {
+            return Err(format!(
+                "`{text}` is not a valid wildcard host (like \"*.example.com\")"
+            ));
+        }
         return Ok(HostMatch::Wildcard(format!(".{suffix}")));
     }
     if text.is_empty() || text.contains('*') || !valid_host(text.as_bytes()) {
@@ -1795,6 +1802,22 @@ mod tests {
             let e = err(&tls(good));
             assert!(!e.to_string().contains("SNI"), "{good}: {e}");
         }
+    }
+
+    #[test]
+    fn route_hosts_match_as_requests_name_them() {
+        let wildcard = |h: &str| match compile_host(h) {
+            Ok(HostMatch::Wildcard(s)) => s,
+            other => panic!("{h}: {other:?}"),
+        };
+        // A request's host loses one trailing dot: so does a route's, wildcard or not.
+        assert_eq!(wildcard("*.Example.com."), ".example.com");
+        assert_eq!(wildcard("*.example.com"), ".example.com");
+        assert!(compile_host("*..").is_err());
+        assert!(compile_host("*.example.com..").is_err());
+        assert!(
+            matches!(compile_host("api.example.com."), Ok(HostMatch::Exact(h)) if h == "api.example.com")
+        );
     }
 
     #[test]
