@@ -87,6 +87,35 @@ fn a_path_parameter_does_not_walk_around_a_deny_route() {
 }
 
 #[test]
+fn criteria_see_forwarding_fields_as_the_upstream_will() {
+    let (a, b) = two_origins();
+    let routes = |gateway: &str| {
+        format!(
+            "{gateway}[[upstreams]]\nname = \"a\"\nendpoints = [\"{}\"]\n\
+             [[upstreams]]\nname = \"b\"\nendpoints = [\"{}\"]\n\
+             [[routes]]\npath_prefix = \"/\"\nheaders = {{ \"x-real-ip\" = \"10.0.0.5\" }}\nproxy = \"b\"\n\
+             [[routes]]\npath_prefix = \"/\"\nheaders = {{ \"x-forwarded-proto\" = \"https\" }}\nproxy = \"b\"\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"a\"\n",
+            a.addr, b.addr
+        )
+    };
+    let get = |proxy: &Proxy, field: &str| {
+        let mut c = proxy.connect();
+        c.send(format!("GET / HTTP/1.1\r\nHost: h\r\n{field}\r\n\r\n").as_bytes());
+        c.read_response(false).unwrap().text()
+    };
+    // From a client that is no trusted proxy, neither reaches the upstream as sent: neither
+    // chooses a route.
+    let proxy = Proxy::start(&routes(""));
+    assert_eq!(get(&proxy, "X-Real-IP: 10.0.0.5"), "a /");
+    assert_eq!(get(&proxy, "X-Forwarded-Proto: https"), "a /");
+    // From a trusted proxy, X-Forwarded-Proto stands; X-Real-IP is still ringway's own.
+    let proxy = Proxy::start(&routes("[gateway]\ntrusted_proxies = [\"127.0.0.1\"]\n"));
+    assert_eq!(get(&proxy, "X-Forwarded-Proto: https"), "b /");
+    assert_eq!(get(&proxy, "X-Real-IP: 10.0.0.5"), "a /");
+}
+
+#[test]
 fn criteria_choose_the_upstream() {
     let (a, b) = two_origins();
     let proxy = Proxy::start(&format!(

@@ -185,6 +185,7 @@ pub(super) fn request_key(kind: &BalancerConfig, conn: &ClientConn) -> Option<u6
     let view = super::HeadView {
         head: &conn.head,
         src,
+        trusted: None,
     };
     let value = match kind {
         BalancerConfig::IpHash | BalancerConfig::ConsistentHash(HashKey::ClientIp) => {
@@ -1301,12 +1302,7 @@ pub(super) fn upstream_host<'a>(
 /// Whether the peer is a trusted proxy (its forwarding fields are kept), and the
 /// X-Forwarded-Proto to set (`None`: keep a trusted peer's).
 pub(super) fn forwarding(cg: &CoreGen, conn: &ClientConn) -> (bool, Option<&'static [u8]>) {
-    let trusted = cg
-        .gen
-        .gateway
-        .trusted_proxies
-        .iter()
-        .any(|net| net.contains(&conn.peer.ip()));
+    let trusted = peer_trusted(cg, conn);
     // (A field the peer lists in Connection was for ringway alone: it is as if not sent.)
     let keep_proto = trusted
         && conn
@@ -1320,6 +1316,15 @@ pub(super) fn forwarding(cg: &CoreGen, conn: &ClientConn) -> (bool, Option<&'sta
         (false, false) => Some(b"http"),
     };
     (trusted, proto)
+}
+
+/// Whether the client is one of `gateway.trusted_proxies` (its forwarding fields stand).
+pub(super) fn peer_trusted(cg: &CoreGen, conn: &ClientConn) -> bool {
+    cg.gen
+        .gateway
+        .trusted_proxies
+        .iter()
+        .any(|net| net.contains(&conn.peer.ip()))
 }
 
 /// Writes the upstream request head into `out`: the route's path rewrite, the Host, the

@@ -587,10 +587,15 @@ fn misdirected(sni: Option<&str>, host: &[u8]) -> bool {
     !host.eq_ignore_ascii_case(sni.trim_end_matches('.').as_bytes())
 }
 
-/// Header fields of a parsed request head, for route criteria.
+/// Header fields of a parsed request head, for route criteria and hash keys.
 struct HeadView<'a> {
     head: &'a RequestHead,
     src: &'a [u8],
+    /// For route criteria: whether the peer is a trusted proxy. The forwarding fields are
+    /// then seen as the upstream will see them: `X-Real-IP` never (ringway sets it), and
+    /// `X-Forwarded-*` and `Forwarded` only from a trusted peer (ringway replaces or drops
+    /// an untrusted peer's). `None`: every field as sent.
+    trusted: Option<bool>,
 }
 
 impl HeaderLookup for HeadView<'_> {
@@ -599,6 +604,19 @@ impl HeaderLookup for HeadView<'_> {
             .headers
             .iter()
             .filter(move |h| h.name.get(self.src).eq_ignore_ascii_case(name))
+            .filter(move |h| {
+                let Some(trusted) = self.trusted else {
+                    return true;
+                };
+                match h.kind {
+                    HeaderKind::XRealIp | HeaderKind::ForwardedAlias => false,
+                    HeaderKind::XForwardedFor
+                    | HeaderKind::XForwardedProto
+                    | HeaderKind::Forwarded
+                    | HeaderKind::XForwardedOrigin => trusted && !h.hop,
+                    _ => true,
+                }
+            })
             .map(|h| h.value.get(self.src))
     }
 }
@@ -666,7 +684,11 @@ async fn dispatch_on(
         .await;
     }
 
-    let view = HeadView { head, src };
+    let view = HeadView {
+        head,
+        src,
+        trusted: Some(forward::peer_trusted(cg, conn)),
+    };
     let req = RouteRequest {
         method: head.method_span.get(src),
         host: head.host.get(src),
