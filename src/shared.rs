@@ -68,12 +68,16 @@ impl<'a> StateBook<'a> {
             .unwrap_or_else(|| Arc::new(UpstreamState::new(name, self.workers)))
     }
 
-    /// The state of endpoint `addr` (`authority`) of upstream `upstream`.
+    /// The state of endpoint `addr` (`authority`) of upstream `upstream`. A new one of an
+    /// upstream with active health checks (`checked`) starts out of rotation until its first
+    /// check passes (at start, on a reload that adds it, when DNS adds its address): no
+    /// request goes to an endpoint nothing has vouched for, while others have been.
     pub fn endpoint(
         &self,
         upstream: &str,
         addr: SocketAddr,
         authority: &Arc<str>,
+        checked: bool,
     ) -> Arc<EndpointState> {
         self.previous_index(upstream)
             .and_then(|(p, i)| {
@@ -85,6 +89,11 @@ impl<'a> StateBook<'a> {
             })
             .unwrap_or_else(|| {
                 let state = EndpointState::new(addr, authority.clone(), self.workers);
+                if checked {
+                    state
+                        .healthy
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                }
                 // A name drained as a whole (every address it had) stays drained for the
                 // addresses DNS adds to it later.
                 if self.name_drained(upstream, authority) {

@@ -609,12 +609,13 @@ fn a_reload_that_shortens_the_health_check_interval_applies_at_once() {
         );
         metrics(addr).get(&key).copied()
     };
-    // The first probe (at once) finds it up; the next is an hour away.
+    // The first probe (at once) finds it up and brings it in; the next is an hour away.
     let deadline = Instant::now() + Duration::from_secs(3);
-    while origin.requests().is_empty() && Instant::now() < deadline {
+    while healthy() != Some(1.0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(healthy(), Some(1.0));
+    assert_eq!(origin.requests().len(), 1);
     failing.store(true, Ordering::SeqCst);
     dir.write(&config("50ms"));
     let (status, body) = admin_post(admin, "/-/reload");

@@ -683,10 +683,8 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
         &quoted(&[flaky.addr, steady.addr]),
         "balancer = \"round_robin\"\nhealth_check = { path = \"/health\", interval = \"50ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }",
     );
-    assert_eq!(
-        endpoint_metric(&p, "ringway_endpoint_healthy", flaky.addr),
-        1.0
-    );
+    // In rotation from its first passing check.
+    assert!(health_becomes(&p, flaky.addr, 1.0));
     health.store(503, Ordering::SeqCst);
     assert!(health_becomes(&p, flaky.addr, 0.0));
     let counts = spread(&p, 20, 2, "/");
@@ -702,6 +700,34 @@ fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     assert!(health_becomes(&p, flaky.addr, 1.0));
     let counts = spread(&p, 20, 2, "/");
     assert_eq!(counts.get("flaky"), Some(&10), "{counts:?}");
+}
+
+#[test]
+fn an_endpoint_takes_no_request_before_its_first_check_passes() {
+    // One endpoint fails its checks from the start (a service still booting); the other
+    // passes them. Checks every 5 s: one round is all the test has.
+    let booting = Origin::start(|r| {
+        if r.target == "/health" {
+            Reply::text(503, "")
+        } else {
+            Reply::text(200, "booting")
+        }
+    });
+    let steady =
+        Origin::start(|r| Reply::text(200, if r.target == "/health" { "" } else { "steady" }));
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[booting.addr, steady.addr]),
+        "balancer = \"round_robin\"\nhealth_check = { path = \"/health\", interval = \"5s\", timeout = \"500ms\" }",
+    );
+    // Vouched for by one check (not `healthy_threshold`'s two): in rotation.
+    assert!(health_becomes(&p, steady.addr, 1.0));
+    let counts = spread(&p, 20, 2, "/");
+    assert_eq!(counts.get("steady"), Some(&20), "{counts:?}");
+    assert_eq!(
+        endpoint_metric(&p, "ringway_endpoint_healthy", booting.addr),
+        0.0
+    );
 }
 
 #[test]

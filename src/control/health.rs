@@ -142,11 +142,14 @@ fn apply(
     now_ms: u64,
 ) {
     let healthy = t.state.healthy.load(Ordering::Relaxed);
+    // The first result since the endpoint came under checks: a new endpoint starts out of
+    // rotation (see `StateBook::endpoint`), and one passing check brings it in.
+    let first = t.successes == 0 && t.failures == 0;
     match result {
         Ok(()) => {
             t.failures = 0;
             t.successes = t.successes.saturating_add(1);
-            if !healthy && t.successes >= hc.healthy_threshold {
+            if !healthy && (first || t.successes >= hc.healthy_threshold) {
                 t.state.readmit(now_ms);
                 tracing::info!(upstream, endpoint = %addr, "endpoint healthy again");
             }

@@ -85,7 +85,7 @@ fn resolve(
             match resolve_spec(spec) {
                 Ok(addrs) => eps.extend(addrs.into_iter().map(|addr| ResolvedEndpoint {
                     addr,
-                    state: book.endpoint(&up.name, addr, &authority),
+                    state: book.endpoint(&up.name, addr, &authority, up.health_check.is_some()),
                     authority: authority.clone(),
                     weight: spec.weight,
                 })),
@@ -620,7 +620,7 @@ mod tests {
             let addr = addr.parse().unwrap();
             ResolvedEndpoint {
                 addr,
-                state: book.endpoint("a", addr, authority),
+                state: book.endpoint("a", addr, authority, false),
                 authority: authority.clone(),
                 weight: 1,
             }
@@ -668,7 +668,7 @@ mod tests {
         let addr = "10.0.0.1:80".parse().unwrap();
         let previous = vec![vec![ResolvedEndpoint {
             addr,
-            state: book.endpoint("a", addr, &authority),
+            state: book.endpoint("a", addr, &authority, false),
             authority,
             weight: 1,
         }]];
