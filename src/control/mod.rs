@@ -1,8 +1,9 @@
 //! The control thread: everything slow, off the workers.
 //! - Reloads: on SIGHUP, `POST /-/reload` on the admin listener (`admin.rs`), or a change of the
 //!   config file (its modification time and size polled every second, read once they stayed
-//!   the same for a poll, its content hashed), it parses, validates and compiles a new generation, resolves its names and binds its new
-//!   listeners; only then is it published. Any error keeps the running generation.
+//!   the same for a poll, its content hashed), it parses, validates and compiles a new
+//!   generation, resolves its names and binds its new listeners; only then is it published.
+//!   Any error keeps the running generation.
 //! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured), on
 //!   a thread of its own (a slow resolver holds up nothing else); a failed lookup keeps the
 //!   last answer (RFC 8767: serve stale).
