@@ -62,6 +62,21 @@ impl Ctx<'_> {
         }
     }
 
+    /// A `"keep"` or `"reject"` key: whether it keeps (`default` when unset).
+    fn keep(
+        &self,
+        value: &Option<Spanned<String>>,
+        default: bool,
+        what: &str,
+    ) -> Result<bool, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(v) if v.get_ref() == "keep" => Ok(true),
+            Some(v) if v.get_ref() == "reject" => Ok(false),
+            Some(v) => Err(self.error(v.span(), format!("{what} is \"keep\" or \"reject\""))),
+        }
+    }
+
     fn int(
         &self,
         value: &Option<Spanned<i64>>,
@@ -584,36 +599,13 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
             max_head_bytes,
             max_headers,
             max_request_line_bytes,
-            encoded_slashes: match &h.encoded_slashes {
-                None => false,
-                Some(v) if v.get_ref() == "reject" => false,
-                Some(v) if v.get_ref() == "keep" => true,
-                Some(v) => {
-                    return Err(
-                        ctx.error(v.span(), "http.encoded_slashes is \"reject\" or \"keep\"")
-                    )
-                }
-            },
-            reject_repeated_slashes: match &h.repeated_slashes {
-                None => false,
-                Some(v) if v.get_ref() == "keep" => false,
-                Some(v) if v.get_ref() == "reject" => true,
-                Some(v) => {
-                    return Err(
-                        ctx.error(v.span(), "http.repeated_slashes is \"keep\" or \"reject\"")
-                    )
-                }
-            },
-            path_parameters: match &h.path_parameters {
-                None => false,
-                Some(v) if v.get_ref() == "reject" => false,
-                Some(v) if v.get_ref() == "keep" => true,
-                Some(v) => {
-                    return Err(
-                        ctx.error(v.span(), "http.path_parameters is \"reject\" or \"keep\"")
-                    )
-                }
-            },
+            encoded_slashes: ctx.keep(&h.encoded_slashes, false, "http.encoded_slashes")?,
+            reject_repeated_slashes: !ctx.keep(
+                &h.repeated_slashes,
+                true,
+                "http.repeated_slashes",
+            )?,
+            path_parameters: ctx.keep(&h.path_parameters, false, "http.path_parameters")?,
         },
         max_request_body_bytes,
         max_connections,

@@ -179,26 +179,15 @@ fn keep_running_values(
     head_block_limit: usize,
 ) -> Vec<&'static str> {
     let mut restart = Vec::new();
-    if gen.workers != old.workers {
-        restart.push("workers");
-        gen.workers = old.workers;
+    macro_rules! keep {
+        ($($key:ident),*) => {$(
+            if gen.$key != old.$key {
+                restart.push(stringify!($key));
+                gen.$key = old.$key.clone();
+            }
+        )*};
     }
-    if gen.cpus != old.cpus {
-        restart.push("cpus");
-        gen.cpus = old.cpus.clone();
-    }
-    if gen.driver != old.driver {
-        restart.push("driver");
-        gen.driver = old.driver;
-    }
-    if gen.log_level != old.log_level {
-        restart.push("log_level");
-        gen.log_level = old.log_level.clone();
-    }
-    if gen.admin != old.admin {
-        restart.push("admin");
-        gen.admin = old.admin.clone();
-    }
+    keep!(workers, cpus, driver, log_level, admin);
     for l in &mut gen.listeners {
         if let Some(o) = old.listeners.iter().find(|o| o.address == l.address) {
             if o.backlog != l.backlog {
