@@ -722,6 +722,21 @@ fn proxy_to_h2_with(origin: SocketAddr, keys: &str) -> Proxy {
     ))
 }
 
+#[test]
+fn the_total_timeout_toward_an_h2_upstream_runs_from_the_end_of_a_buffered_body() {
+    let proxy = proxy_to_h2_with(
+        h2_origin(),
+        "retries = { attempts = 2, buffer_max_bytes = 1024, total_timeout = \"300ms\" }",
+    );
+    let mut c = Client::connect(proxy.addr);
+    c.send(b"PUT /u HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhe");
+    std::thread::sleep(Duration::from_millis(600));
+    c.send(b"llo");
+    let r = c.read_response(false).expect("a response");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_no_upstream_failures(proxy.addr);
+}
+
 /// The silent origin's first connection answers `/a`, then `timeout` times a request out on
 /// it; the PING that follows goes unanswered, so the connection is closed, and the next
 /// request goes to a new one.

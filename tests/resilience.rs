@@ -415,6 +415,67 @@ fn a_retry_that_could_not_begin_before_the_total_timeout_is_not_made() {
 }
 
 #[test]
+fn the_total_timeout_runs_from_the_end_of_a_buffered_body() {
+    // The body arrives 600 ms after the head, past the 300 ms total timeout: that upload is
+    // the client's time, and the request still has its full budget once the body is in.
+    let origin = Origin::start(|r| Reply::text(200, &String::from_utf8_lossy(&r.body)));
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin.addr]),
+        "retries = { attempts = 2, buffer_max_bytes = 1024, total_timeout = \"300ms\" }",
+    );
+    let mut c = p.connect();
+    c.send(b"PUT /u HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhe");
+    thread::sleep(Duration::from_millis(600));
+    c.send(b"llo");
+    let r = c.read_response(false).expect("a response");
+    assert_eq!((r.status, r.text().as_str()), (200, "hello"));
+}
+
+#[test]
+fn a_request_whose_total_timeout_passed_while_queued_is_not_sent() {
+    let release = Arc::new(AtomicBool::new(false));
+    let origin = gated(&release, "ok");
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin.addr]),
+        "max_connections = 1\nmax_pending = 1\nconnect_timeout = \"5s\"\n\
+         retries = { attempts = 1, total_timeout = \"300ms\" }",
+    );
+    let addr = p.addr;
+    // A POST's body streams: its wait for the head is not bounded by the total timeout.
+    let first = thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        c.send(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx");
+        c.read_response(false).map(|r| r.status)
+    });
+    assert!(wait_until(Duration::from_secs(5), || origin
+        .requests()
+        .len()
+        == 1));
+    let queued = thread::spawn(move || Client::connect(addr).get("/b"));
+    assert!(wait_until(Duration::from_secs(5), || {
+        admin(admin_addr(&p), "GET", "/-/upstreams")
+            .1
+            .contains("\"pending\":1")
+    }));
+    thread::sleep(Duration::from_millis(500));
+    release.store(true, Ordering::SeqCst);
+    assert_eq!(first.join().unwrap(), Some(200));
+    // The queued request got the connection after its total timeout: answered 504 without
+    // being sent, and the endpoint, which did nothing wrong, stays in rotation.
+    let r = queued.join().unwrap();
+    assert_eq!(
+        (r.status, r.error_code().as_deref()),
+        (504, Some("upstream_timeout"))
+    );
+    assert_eq!(origin.requests().len(), 1, "the late request was sent");
+    let blamed = metric_sum(p.addr, "ringway_upstream_failures_total");
+    assert_eq!(blamed, 0.0, "the endpoint was charged a failure");
+    assert_eq!(p.connect().get("/c").status, 200);
+}
+
+#[test]
 fn a_retry_goes_to_a_different_endpoint() {
     let bad = Origin::start(|_| Reply::text(503, "bad"));
     let good = Origin::ok("good");

@@ -484,6 +484,13 @@ impl<'a> SlotWait<'a> {
     }
 }
 
+/// The answer to a request whose total timeout passed before it could be sent: a gateway
+/// timeout of the request's own, which neither the breaker nor outlier detection hears of.
+pub(super) fn unsent_timeout() -> Error {
+    Error::new(ErrorKind::UpstreamTimeout, Side::Upstream)
+        .with_cause("total_timeout passed before the request could be sent")
+}
+
 /// How often a request waiting for a connection looks again.
 const PENDING_POLL: Duration = Duration::from_millis(2);
 
@@ -553,7 +560,6 @@ pub(super) async fn proxy(
         Method::Post => policy.retry_post,
         m => m.is_idempotent(),
     };
-    let total_deadline = w.now() + policy.total_timeout;
     let try_timeout = policy.per_try_timeout.unwrap_or(response_timeout);
     // How long a half-open probe may take before its round is stale (see `Breaker::admit`).
     let try_ms = try_timeout.as_millis() as u64;
@@ -578,6 +584,9 @@ pub(super) async fn proxy(
         }
         _ => BodyPlan::Streamed,
     };
+    // From the whole request (a buffered body's upload is the client's time, not the
+    // upstream's), over every wait for a connection, attempt and pause.
+    let total_deadline = w.now() + policy.total_timeout;
     if up.cfg.protocol.is_h2() {
         let plan = super::forward_h2::Plan {
             key,
@@ -682,9 +691,17 @@ pub(super) async fn proxy(
                 return fail(w, cg, conn, info, err, !bstate.done).await;
             }
         };
+        if total_deadline <= w.now() {
+            // The total timeout ran out while the request waited for a connection: it is not
+            // sent (it could only time out at once, blamed on a sound endpoint).
+            up.release(upc, Instant::now());
+            drop(inflight);
+            drop(ticket);
+            conn.consume_head(head_len);
+            return fail(w, cg, conn, info, unsent_timeout(), !bstate.done).await;
+        }
         // An endpoint's latency runs from its pick (`started`: a connect counts, a wait for a
         // connection slot does not), or from the end of a streamed body, to the response head.
-
         let head_deadline = |w: &Worker| {
             let d = w.now() + try_timeout;
             if matches!(body, BodyPlan::Streamed) {

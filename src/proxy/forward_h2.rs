@@ -663,6 +663,9 @@ pub(super) async fn proxy(
                 Err(e) => break 'attempt unsent(e),
             };
             let now = w.now();
+            if plan.total_deadline <= now {
+                break 'attempt Attempt::Local(super::forward::unsent_timeout());
+            }
             let limit = (now + plan.try_timeout).min(plan.total_deadline);
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
