@@ -984,6 +984,30 @@ fn connection_limits_queue_within_max_pending_then_shed() {
 }
 
 #[test]
+fn an_idle_connection_on_one_worker_does_not_shut_out_the_others() {
+    // One connection allowed across two workers, pooled for a minute: each request comes on
+    // a new client connection, so both workers serve some. The worker that holds the idle
+    // connection gives it up for a request waiting on the other, well before the wait for a
+    // connection (3 s) runs out.
+    let origin = Origin::ok("ok");
+    let p = proxy_over(
+        "workers = 2",
+        &quoted(&[origin.addr]),
+        "max_connections = 1\nconnect_timeout = \"3s\"\npool_idle_timeout = \"60s\"",
+    );
+    for i in 0..20 {
+        let started = Instant::now();
+        let r = p.connect().get("/");
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "request {i} waited {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
 fn a_client_gone_while_queued_for_a_connection_is_dropped_not_sent() {
     let release = Arc::new(AtomicBool::new(false));
     let origin = gated(&release, "ok");

@@ -109,12 +109,23 @@ impl Drop for Permit<'_> {
     }
 }
 
-/// A request waiting for a connection (`max_pending`), counted until dropped.
-struct Pending<'a>(&'a UpstreamState);
+/// A request waiting for a connection (`max_pending`), counted until dropped, across workers
+/// and on its own.
+struct Pending<'a>(&'a UpstreamRt);
+
+impl<'a> Pending<'a> {
+    /// Counts a request whose place in the shared count is taken already.
+    fn new(up: &'a UpstreamRt) -> Self {
+        up.local.pending.set(up.local.pending.get() + 1);
+        Pending(up)
+    }
+}
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+        let local = &self.0.local.pending;
+        local.set(local.get() - 1);
+        self.0.shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -471,7 +482,7 @@ impl<'a> SlotWait<'a> {
                 if !queued {
                     return Waited::GiveUp;
                 }
-                self.pending = Some((Pending(&up.shared), w.now() + up.cfg.connect_timeout));
+                self.pending = Some((Pending::new(up), w.now() + up.cfg.connect_timeout));
             }
             Some((_, until)) if w.now() >= *until => return Waited::GiveUp,
             Some(_) => {}

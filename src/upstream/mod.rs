@@ -166,6 +166,8 @@ pub struct UpstreamLocal {
     latency_dirty: Cell<bool>,
     /// The copy published last time, reused for the next publication.
     latency_spare: RefCell<Option<Arc<Histogram<u64>>>>,
+    /// This worker's share of `UpstreamState::pending`.
+    pub pending: Cell<u32>,
 }
 
 impl UpstreamLocal {
@@ -176,6 +178,7 @@ impl UpstreamLocal {
             latency: RefCell::new(state::new_histogram()),
             latency_dirty: Cell::new(false),
             latency_spare: RefCell::new(Some(Arc::new(state::new_histogram()))),
+            pending: Cell::new(0),
         }
     }
 
@@ -600,6 +603,7 @@ impl UpstreamRt {
         if self.cfg.pool_max_idle == 0
             || conn.read.holds_unread()
             || conn.read.is_tls() != self.cfg.tls.is_some()
+            || self.others_waiting()
         {
             return;
         }
@@ -674,11 +678,27 @@ impl UpstreamRt {
         }
     }
 
-    /// Closes idle connections older than the pool idle timeout.
+    /// Closes idle connections older than the pool idle timeout; while requests on other
+    /// workers wait for a connection under `max_connections`, one more per endpoint and tick
+    /// (an idle connection here holds a slot one of them needs).
     pub fn reap(&self, now: Instant) {
+        let give_up_one = self.others_waiting();
         for ep in self.endpoints.borrow().iter() {
-            ep.idle.borrow_mut().reap(now, self.cfg.pool_idle_timeout);
+            let mut idle = ep.idle.borrow_mut();
+            idle.reap(now, self.cfg.pool_idle_timeout);
+            if give_up_one {
+                let keep = idle.len().saturating_sub(1);
+                idle.trim(keep);
+            }
         }
+    }
+
+    /// Whether requests on other workers wait for a connection under `max_connections`: the
+    /// cap counts open connections, idle ones too, so this worker's idle pool could otherwise
+    /// shut them out until it idles out.
+    fn others_waiting(&self) -> bool {
+        self.cfg.max_connections > 0
+            && self.shared.pending.load(Ordering::Relaxed) > self.local.pending.get()
     }
 
     /// Closes every idle connection (shutdown).
