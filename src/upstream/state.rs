@@ -222,16 +222,32 @@ impl EndpointState {
         // is not held out for `max_ejection` forever after).
         let base = cfg.base_ejection.as_millis() as u64;
         let last_until = self.ejected_until.load(Ordering::Relaxed);
+        if last_until != 0 && now_ms < last_until {
+            // Another worker ejected it since the look above.
+            return false;
+        }
         let healthy_steps = now_ms.saturating_sub(last_until) / base.max(1);
         let decayed =
             u64::from(self.ejections.load(Ordering::Relaxed)).saturating_sub(healthy_steps);
         let n = decayed as u32 + 1;
-        let before = self.ejections.swap(n, Ordering::Relaxed);
         let time = base
             .saturating_mul(u64::from(n))
             .min(cfg.max_ejection.as_millis() as u64);
-        self.ejected_until
-            .store(now_ms + time.max(1), Ordering::Relaxed);
+        // Claimed with the deadline: of two workers whose runs reach the threshold together,
+        // one ejects (the other would count a second ejection, doubling the first).
+        if self
+            .ejected_until
+            .compare_exchange(
+                last_until,
+                now_ms + time.max(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        let before = self.ejections.swap(n, Ordering::Relaxed);
         // Another worker may have ejected another endpoint between the look and the store:
         // look again (this one counted now), and step back when the two together went past
         // the budget. (Both may step back; their runs stay at the threshold, and the next
@@ -874,6 +890,33 @@ mod tests {
         assert!(
             !e.record_failure(&cfg, 100_000, || (1, 1)),
             "the ejection budget refuses"
+        );
+    }
+
+    #[test]
+    fn two_workers_reaching_the_threshold_together_eject_once() {
+        let e = EndpointState::new("127.0.0.1:1".parse().unwrap(), Arc::from("a:1"), 2);
+        let cfg = OutlierConfig {
+            consecutive_failures: 1,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(30),
+            max_ejection_percent: 100,
+            on_5xx: true,
+        };
+        // One worker's failure is recorded in full while the other's is between its look at
+        // the ejection and its own ejection (its look at the budget).
+        let other = std::cell::Cell::new(None);
+        let first = e.record_failure(&cfg, 0, || {
+            if other.get().is_none() {
+                other.set(Some(e.record_failure(&cfg, 0, || (0, 2))));
+            }
+            (0, 2)
+        });
+        assert_eq!((other.get(), first), (Some(true), false));
+        assert_eq!(e.ejections.load(Ordering::Relaxed), 1);
+        assert!(
+            e.ejected(999) && !e.ejected(1000),
+            "the first ejection's length"
         );
     }
 
