@@ -433,9 +433,13 @@ impl Breaker {
     /// the next request starts a new round, and the stale probes can no longer decide.
     pub fn admit(&self, cfg: &BreakerConfig, now_ms: u64, probe_timeout_ms: u64) -> Admit {
         if cfg.failure_threshold == 0 {
-            // Turned off by a reload while open: closed from now on (the state is reported).
+            // Turned off by a reload while open: closed from now on (the state is reported),
+            // and turned on again later with no failure run from before.
             if self.word.load(Ordering::Relaxed) & STATE_MASK != CLOSED {
                 self.word.store(CLOSED, Ordering::Relaxed);
+            }
+            if self.failures.load(Ordering::Relaxed) != 0 {
+                self.failures.store(0, Ordering::Relaxed);
             }
             return Admit::Allow;
         }
@@ -499,6 +503,11 @@ impl Breaker {
                 }
             }
             _ => {
+                // Late failures of requests let through before the circuit opened are no run
+                // toward the next opening.
+                if self.word.load(Ordering::Acquire) & STATE_MASK != CLOSED {
+                    return;
+                }
                 let run = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 if run >= cfg.failure_threshold {
                     let w = self.word.load(Ordering::Acquire);
@@ -848,6 +857,37 @@ mod tests {
         }
         assert_eq!(over.load(Ordering::SeqCst), 0);
         assert_eq!(b.state().0, BreakerState::HalfOpen);
+    }
+
+    #[test]
+    fn a_failure_run_starts_afresh_after_the_breaker_was_off_or_open() {
+        let b = Breaker::default();
+        let cfg = breaker_cfg();
+        let off = BreakerConfig {
+            failure_threshold: 0,
+            ..breaker_cfg()
+        };
+        b.record(&cfg, Admit::Allow, false, 0);
+        b.record(&cfg, Admit::Allow, false, 0);
+        // Turned off by a reload, then on again: the run of two is gone.
+        assert_eq!(b.admit(&off, 0, 1000), Admit::Allow);
+        b.record(&cfg, Admit::Allow, false, 0);
+        assert_eq!(b.state().0, BreakerState::Closed);
+        for _ in 0..2 {
+            b.record(&cfg, Admit::Allow, false, 0);
+        }
+        assert_eq!(b.state().0, BreakerState::Open);
+        // Requests let through before it opened fail late: no run toward the next opening.
+        for _ in 0..5 {
+            b.record(&cfg, Admit::Allow, false, 1);
+        }
+        let probe = b.admit(&cfg, 10_000, 1000);
+        assert!(matches!(probe, Admit::Probe(_)), "{probe:?}");
+        b.record(&cfg, probe, true, 10_000);
+        assert_eq!(b.state().0, BreakerState::Closed);
+        b.record(&cfg, Admit::Allow, false, 10_001);
+        b.record(&cfg, Admit::Allow, false, 10_001);
+        assert_eq!(b.state().0, BreakerState::Closed, "two of three");
     }
 
     #[test]
