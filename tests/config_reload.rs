@@ -169,9 +169,66 @@ fn listeners_are_added_and_removed_live() {
             .is_err()),
         "the removed listener still accepts"
     );
-    // Its open connection finishes what it does; the kept listener is unaffected.
-    assert_eq!(on_extra.get("/").text(), "hi");
-    assert_eq!(Client::connect(addr).get("/").text(), "hi");
+    // Its open connection finishes the exchange it is in, then closes (keep-alive ends with
+    // the listener); the kept listener is unaffected.
+    let r = on_extra.get("/");
+    assert_eq!(
+        (r.text().as_str(), r.header("connection")),
+        ("hi", Some("close"))
+    );
+    assert!(on_extra.is_closed(Duration::from_secs(2)));
+    let mut kept = Client::connect(addr);
+    for _ in 0..2 {
+        let r = kept.get("/");
+        assert_eq!((r.text().as_str(), r.header("connection")), ("hi", None));
+    }
+    server.shutdown();
+    server.join();
+}
+
+/// Whether an h2c connection to `addr`, once it carried a request, is told to go away and
+/// closed within `wait` of `reload` (while no stream is open).
+fn h2c_goes_away_on(addr: SocketAddr, wait: Duration, reload: impl FnOnce()) -> bool {
+    tokio_rt().block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2c handshake");
+        let driver = tokio::spawn(conn);
+        let req = http::Request::get("http://x/").body(()).unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        assert_eq!(resp.await.unwrap().status(), 200);
+        reload();
+        tokio::time::timeout(wait, driver).await.is_ok()
+    })
+}
+
+#[test]
+fn http2_connections_go_away_when_their_listener_or_http2_settings_change() {
+    let dir = Dir::new("h2-goaway");
+    let extra = closed_port();
+    let route = respond_route("/", "hi");
+    let two = format!("{BASE}[[listeners]]\naddress = \"{extra}\"\n{route}");
+    let (server, addr) = start_in(&dir, &two);
+    let reload_with = |text: &str| {
+        dir.write(text);
+        let g = server.reload_handle().reload_and_wait().unwrap();
+        assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    };
+    // A reload that changes neither: the connection stays.
+    let (short, long) = (Duration::from_millis(2500), Duration::from_secs(5));
+    assert!(!h2c_goes_away_on(addr, short, || reload_with(&format!(
+        "{two}{}",
+        respond_route("/other", "x")
+    ))));
+    assert!(
+        h2c_goes_away_on(extra, long, || reload_with(&format!("{BASE}{route}"))),
+        "a removed listener's connection stayed"
+    );
+    assert!(
+        h2c_goes_away_on(addr, long, || reload_with(&format!(
+            "{BASE}[http2]\nmax_concurrent_streams = 50\n{route}"
+        ))),
+        "a connection set up with other HTTP/2 settings stayed"
+    );
     server.shutdown();
     server.join();
 }

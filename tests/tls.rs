@@ -294,6 +294,19 @@ fn a_host_other_than_the_sni_name_gets_421_unless_relaxed() {
     let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, "strict_sni = false"));
     let mut c = TlsClient::connect(addr, "a.test");
     assert_eq!(c.request("b.test", "/").status, 200);
+    // Made strict by a reload: a connection set up without it ends after its next exchange,
+    // and the next ones refuse another host.
+    dir.write(&tls_config(&dir, origin.addr, ""));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    let r = c.request("b.test", "/");
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    assert_eq!(
+        TlsClient::connect(addr, "a.test")
+            .request("b.test", "/")
+            .status,
+        421
+    );
     server.shutdown();
     server.join();
 }

@@ -68,6 +68,9 @@ pub struct ConnInfo {
     pub tls: bool,
     /// 421 when a request's authority is not the SNI name.
     pub strict_sni: bool,
+    /// The listener it came from: when its terms change or it is removed, the connection
+    /// is told to go away.
+    pub listener: Option<crate::worker::Admitted>,
 }
 
 /// Serves one HTTP/2 connection until it closes.
@@ -86,6 +89,9 @@ pub async fn serve<T: io::Watched>(w: Rc<Worker>, io: T, info: ConnInfo) {
         .max_local_error_reset_streams(Some(cfg.max_local_error_reset_streams))
         .max_send_buffer_size(send_buffer_per_stream(cfg));
     let cfg_budget = cfg.max_buffered_bytes;
+    // The settings it was set up with: a reload that changes them tells it to go away (the
+    // client's next connection gets the new ones).
+    let settings = cfg.clone();
     let handshake =
         monoio::time::timeout(gen.http.header_timeout, builder.handshake::<T, Bytes>(io)).await;
     let mut conn = match handshake {
@@ -114,7 +120,13 @@ pub async fn serve<T: io::Watched>(w: Rc<Worker>, io: T, info: ConnInfo) {
     let mut closing_idle_since = None;
     let mut forced = false;
     loop {
-        if !closing && w.draining() {
+        if !closing
+            && (w.draining()
+                || info
+                    .listener
+                    .as_ref()
+                    .is_some_and(crate::worker::Admitted::retired))
+        {
             conn.graceful_shutdown();
             closing = true;
         }
@@ -183,6 +195,10 @@ pub async fn serve<T: io::Watched>(w: Rc<Worker>, io: T, info: ConnInfo) {
                     idle_since = now;
                     closing_idle_since = None;
                 } else if !closing && now.saturating_duration_since(idle_since) >= idle_timeout {
+                    conn.graceful_shutdown();
+                    closing = true;
+                }
+                if !closing && w.gen().http2 != settings {
                     conn.graceful_shutdown();
                     closing = true;
                 }
@@ -513,7 +529,8 @@ fn stream_task(
             w.clone(),
             crate::net::client::ClientStream::Virtual(vconn),
             info.peer,
-            info.strict_sni
+            info.strict_sni,
+            None
         ));
         let mut up = std::pin::pin!(pump_request(&end, &mut body, chunked));
         let send_timeout = w.current().gen.http.send_timeout;

@@ -638,7 +638,7 @@ pub(super) async fn proxy(
             add(&stats.circuit_open, 1);
             conn.consume_head(head_len);
             tracing::debug!(request_id = ?info.rid.as_str(), upstream = %up.cfg.name, "circuit open");
-            let close = !bstate.done || !info.keep_alive || w.draining();
+            let close = !bstate.done || !info.keep_alive || conn.winding_down(w);
             if !bstate.done {
                 conn.linger = true;
             }
@@ -1892,7 +1892,7 @@ async fn relay_response(
     };
     let keep_client = info.keep_alive
         && body_read
-        && !w.draining()
+        && !conn.winding_down(w)
         && !matches!(relay, Relay::Dechunk | Relay::UntilClose);
     let connection: Option<&[u8]> = if !keep_client {
         Some(b"close")
@@ -2208,7 +2208,8 @@ pub(super) async fn fail(
     if kind == ErrorKind::ClientClosed {
         add(&w.metrics().client_aborts, 1);
     }
-    let close = request_unread || kind.closes_downstream() || !info.keep_alive || w.draining();
+    let close =
+        request_unread || kind.closes_downstream() || !info.keep_alive || conn.winding_down(w);
     if request_unread && info.framing.has_body() {
         conn.linger = true;
     }

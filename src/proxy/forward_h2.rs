@@ -576,7 +576,7 @@ pub(super) async fn proxy(
         if let Admit::Reject(secs) = ticket.admit {
             add(&stats.circuit_open, 1);
             conn.consume_head(head_len);
-            let close = !body_read || !info.keep_alive || w.draining();
+            let close = !body_read || !info.keep_alive || conn.winding_down(w);
             let sent =
                 respond::error_retry_after(w, cg, conn, ErrorKind::CircuitOpen, secs, info, close)
                     .await;
@@ -1082,7 +1082,8 @@ async fn relay(
     } else {
         Out::Close
     };
-    let keep_client = info.keep_alive && body_read && !w.draining() && out_framing != Out::Close;
+    let keep_client =
+        info.keep_alive && body_read && !conn.winding_down(w) && out_framing != Out::Close;
     let mut out = w.pool.take();
     let head = (|| {
         put_status_line(&mut out, status, b"")?;

@@ -40,7 +40,7 @@ use crate::route::{Action, HeaderLookup, RouteRequest, MAX_LOCAL_HEADERS};
 use crate::tls::{TlsListener, TlsStream};
 use crate::worker::deadline;
 use crate::worker::event::or_event;
-use crate::worker::{CoreGen, Worker};
+use crate::worker::{Admitted, CoreGen, Worker};
 use io::read_by;
 
 /// Largest request body read and thrown away to keep a connection open after a local
@@ -80,8 +80,18 @@ pub struct ClientConn {
     tunnel: Option<Box<tunnel::Tunnel>>,
     /// TLS with `strict_sni`: a request for another host than the SNI name gets 421.
     strict_sni: bool,
+    /// The listener it came from (not for an HTTP/2 stream: its connection watches that).
+    listener: Option<Admitted>,
     /// What the access log says of the exchange in progress.
     log: ExchangeLog,
+}
+
+impl ClientConn {
+    /// Whether the connection ends after the exchange in progress: the worker drains, or a
+    /// reload removed its listener or changed its terms.
+    pub(crate) fn winding_down(&self, w: &Worker) -> bool {
+        w.draining() || self.listener.as_ref().is_some_and(Admitted::retired)
+    }
 }
 
 /// What the access log says of an exchange, gathered as it runs (reset for each request, and
@@ -213,6 +223,7 @@ pub async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<Arc<TlsListener>>,
+    admitted: Admitted,
 ) {
     let _guard = ConnGuard(w.clone());
     let _ = stream.set_nodelay(true);
@@ -227,7 +238,7 @@ pub async fn serve_connection(
                     add(&w.metrics().tls_handshakes, 1);
                     // Boxed, like the other protocol switches below: kept out of the
                     // future of every HTTP/1.1 connection.
-                    Box::pin(serve_h2_tls(w.clone(), s, peer, strict_sni)).await;
+                    Box::pin(serve_h2_tls(w.clone(), s, peer, strict_sni, admitted)).await;
                     return;
                 }
                 Ok(s) => {
@@ -242,11 +253,17 @@ pub async fn serve_connection(
             }
         }
     };
-    serve_client(w, stream, Peer::new(peer), strict_sni).await;
+    serve_client(w, stream, Peer::new(peer), strict_sni, Some(admitted)).await;
 }
 
 /// Continues a TLS connection that agreed on HTTP/2 in poll style for the h2 crate.
-async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni: bool) {
+async fn serve_h2_tls(
+    w: Rc<Worker>,
+    s: TlsStream,
+    peer: SocketAddr,
+    strict_sni: bool,
+    admitted: Admitted,
+) {
     let sni: Option<Rc<str>> = s.sni().map(Rc::from);
     let Some((tls, tcp, pending)) = s.into_parts() else {
         return;
@@ -260,6 +277,7 @@ async fn serve_h2_tls(w: Rc<Worker>, s: TlsStream, peer: SocketAddr, strict_sni:
         sni,
         tls: true,
         strict_sni,
+        listener: Some(admitted),
     };
     crate::h2::serve(w, io, info).await;
 }
@@ -277,10 +295,12 @@ pub fn serve_client(
     stream: ClientStream,
     client: Peer,
     strict_sni: bool,
+    listener: Option<Admitted>,
 ) -> impl std::future::Future<Output = ()> {
     let peer = client.addr;
     let mut conn = ClientConn {
         strict_sni,
+        listener,
         stream,
         rbuf: Some(w.pool.take()),
         head: RequestHead::default(),
@@ -302,7 +322,12 @@ pub fn serve_client(
                 HeadRead::Ready => {}
                 HeadRead::Closed => break,
                 HeadRead::H2c => {
-                    let ClientConn { stream, rbuf, .. } = conn;
+                    let ClientConn {
+                        stream,
+                        rbuf,
+                        listener,
+                        ..
+                    } = conn;
                     let (ClientStream::Plain(tcp), Some(rbuf)) = (stream, rbuf) else {
                         return;
                     };
@@ -315,6 +340,7 @@ pub fn serve_client(
                         sni: None,
                         tls: false,
                         strict_sni: false,
+                        listener,
                     };
                     Box::pin(crate::h2::serve(w, io, info)).await;
                     return;
@@ -365,7 +391,7 @@ pub fn serve_client(
             if matches!(conn.stream, ClientStream::Virtual(_)) {
                 break; // an HTTP/2 stream carries one exchange
             }
-            if !keep || w.draining() {
+            if !keep || conn.winding_down(&w) {
                 // A client that did not ask to close may have pipelined more: read it away before
                 // closing, or the kernel answers it with a reset that can destroy our response.
                 conn.linger |=
@@ -825,7 +851,7 @@ async fn answer_local(
         BodyFraming::Chunked => !info.expect_continue,
         BodyFraming::UntilClose => false,
     };
-    let mut keep = info.keep_alive && discardable && !w.draining();
+    let mut keep = info.keep_alive && discardable && !conn.winding_down(w);
     if let Answer::Error(kind) = answer {
         keep &= !kind.closes_downstream();
     }

@@ -159,17 +159,58 @@ pub struct ListenerSlot {
     /// The listener's TLS settings when its loop started: what the connections it still
     /// takes after a reload removed it are served with.
     tls: Option<Arc<TlsListener>>,
+    /// What a connection is served with for its life, as the generation in force sets it:
+    /// TLS or not, and `strict_sni`.
+    terms: Cell<(bool, bool)>,
+    /// Moves on when those change or the listener is removed: the connections accepted
+    /// before (see [`Self::admitted`]) wind down: HTTP/1.1 ones close after the exchange in
+    /// progress, HTTP/2 ones get a GOAWAY.
+    epoch: Cell<u32>,
+}
+
+/// A connection's listener and the [`ListenerSlot::epoch`] it was accepted in.
+#[derive(Debug, Clone)]
+pub struct Admitted(Rc<ListenerSlot>, u32);
+
+impl Admitted {
+    /// Whether the listener's terms changed since, or it was removed.
+    pub fn retired(&self) -> bool {
+        self.0.epoch.get() != self.1
+    }
 }
 
 impl ListenerSlot {
     /// A slot for `addr`, configured as `configured` with `tls`.
     pub fn new(addr: SocketAddr, configured: SocketAddr, tls: Option<Arc<TlsListener>>) -> Self {
+        let terms = Self::terms_of(tls.as_ref());
         ListenerSlot {
             addr,
             configured,
             stop: Event::default(),
             stopped: Cell::new(false),
             tls,
+            terms: Cell::new(terms),
+            epoch: Cell::new(0),
+        }
+    }
+
+    fn terms_of(tls: Option<&Arc<TlsListener>>) -> (bool, bool) {
+        (tls.is_some(), tls.is_some_and(|t| t.strict_sni))
+    }
+
+    /// A connection accepted now, in the current epoch.
+    pub fn admitted(self: &Rc<Self>) -> Admitted {
+        Admitted(self.clone(), self.epoch.get())
+    }
+
+    /// Takes the terms of `gen` (installed now): a change retires the connections before.
+    fn follow(&self, gen: &Generation) {
+        let Some(l) = gen.listener(self.configured) else {
+            return; // removed: its `stop` retires them
+        };
+        let terms = Self::terms_of(l.tls.as_ref());
+        if terms != self.terms.replace(terms) {
+            self.epoch.set(self.epoch.get().wrapping_add(1));
         }
     }
 
@@ -189,6 +230,7 @@ impl ListenerSlot {
 
     fn stop(&self) {
         self.stopped.set(true);
+        self.epoch.set(self.epoch.get().wrapping_add(1));
         self.stop.notify_all();
     }
 }
@@ -494,6 +536,9 @@ impl Worker {
                 self.body_pool.set_idle_bytes(idle);
                 let next = CoreGen::new(&published, self.id, Some(&current));
                 *self.current.borrow_mut() = Rc::new(next);
+                for l in self.listeners.borrow().iter() {
+                    l.follow(&published.gen);
+                }
                 self.install_access_log(&published);
                 // Accept loops waiting for room below the connection cap check again: a
                 // raised `max_connections` makes room no connection's close announces.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use monoio::net::TcpListener;
 
-pub use ctx::{CoreGen, ListenerSlot, Worker, WorkerCommand};
+pub use ctx::{Admitted, CoreGen, ListenerSlot, Worker, WorkerCommand};
 use event::or_event;
 
 use crate::shared::Shared;
@@ -177,7 +177,7 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, slot: Rc<ListenerSlot
 
 fn spawn_connection(
     w: &Rc<Worker>,
-    slot: &ListenerSlot,
+    slot: &Rc<ListenerSlot>,
     stream: monoio::net::TcpStream,
     peer: SocketAddr,
 ) {
@@ -186,6 +186,7 @@ fn spawn_connection(
     w.connection_opened();
     // The generation in force decides TLS (a reload may add or change certificates).
     let tls = slot.tls_in(&w.current().gen);
+    let admitted = slot.admitted();
     let w = w.clone();
-    runtime::spawn_large(move || crate::proxy::serve_connection(w, stream, peer, tls));
+    runtime::spawn_large(move || crate::proxy::serve_connection(w, stream, peer, tls, admitted));
 }
