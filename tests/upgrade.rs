@@ -305,6 +305,42 @@ fn a_shutdown_closes_open_tunnels_at_once() {
 }
 
 #[test]
+fn an_upgrade_that_arrives_during_a_shutdown_is_refused_before_the_upstream() {
+    // The tunnel would be closed as soon as it opened: 503, and the backend never accepts a
+    // session that would be dropped without a close.
+    let (origin, seen) = raw_tunnel_origin();
+    let mut proxy = Proxy::to(
+        origin,
+        "workers = 1\n[http]\nmax_connections = 1\n\
+         [[routes]]\npath_prefix = \"/plain\"\nrespond = { status = 200 }",
+    );
+    // An idle keep-alive connection holds the only place; the upgrade waits in the queue.
+    let mut idle = proxy.connect();
+    assert_eq!(idle.get("/plain").status, 200);
+    let mut queued = TcpStream::connect(proxy.addr).unwrap();
+    queued
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: x-echo\r\nConnection: upgrade\r\n\r\n")
+        .unwrap();
+    queued
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    seen.lock().unwrap().clear();
+    let server = proxy.server.take().unwrap();
+    server.shutdown();
+    let mut got = Vec::new();
+    let _ = queued.read_to_end(&mut got);
+    assert!(
+        got.starts_with(b"HTTP/1.1 503"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the upstream saw it");
+    server.join();
+    drop(idle);
+}
+
+#[test]
 fn a_101_to_a_protocol_the_client_did_not_offer_opens_no_tunnel() {
     // The client asks for websocket; the upstream switches to something else.
     let origin = raw_origin(|mut s| {

@@ -544,6 +544,14 @@ pub(super) async fn proxy(
             return fail(w, cg, conn, info, err, true).await;
         }
     }
+    if conn.head.upgrade && w.draining() {
+        // A tunnel opened now would be cut at once (a draining worker closes its tunnels): a
+        // WebSocket session the backend accepted, dropped without a close frame. Refused
+        // before the upstream sees it, the client goes to another instance.
+        conn.consume_head(conn.head.len);
+        let err = Error::new(ErrorKind::ShuttingDown, Side::Internal);
+        return fail(w, cg, conn, info, err, true).await;
+    }
     let head_len = conn.head.len;
     // (A declared length beyond it was answered before: `proxy::dispatch_on`.)
     let max_body = route.limits.max_body(gen.http.max_request_body_bytes);
