@@ -69,11 +69,30 @@ pub trait Watched: AsyncRead + AsyncWrite + Unpin + 'static {
     fn watch(&self) -> Watch;
 }
 
-/// A poll-style socket that notes its write stalls.
+/// Reads in a row that found bytes, after which a socket pauses for [`READ_PAUSE`]: see
+/// [`Socket`].
+const READ_BURST: u8 = 32;
+
+/// How long a socket whose reads never ran dry pauses (the timer's resolution).
+const READ_PAUSE: Duration = Duration::from_millis(1);
+
+/// A poll-style socket that notes its write stalls, and that a connection whose peer keeps it
+/// full cannot hold the worker with. The h2 crate reads and handles frames for as long as the
+/// socket has them, and monoio has no cooperative budget: a peer writing frames that need no
+/// answer (PRIORITY, say) faster than they are handled kept its task polling, and every other
+/// connection of the worker waiting, for as long as it went on. After [`READ_BURST`] reads
+/// in a row that found bytes, the socket says "not ready" for [`READ_PAUSE`]. (A pause on a
+/// timer, not a wake of the task: monoio runs a task woken in its own poll again at once, and
+/// on a ring set up with `DEFER_TASKRUN` no completion arrives while tasks keep the run queue
+/// from emptying.) A connection's reads run dry long before that under any load a client
+/// waits on.
 #[derive(Debug)]
 struct Socket {
     io: TcpStreamPoll,
     stall: Rc<WriteStall>,
+    /// Reads that found bytes since the socket last ran dry or paused.
+    burst: u8,
+    pause: Option<Pin<Box<monoio::time::Sleep>>>,
 }
 
 impl Socket {
@@ -81,6 +100,8 @@ impl Socket {
         Socket {
             io,
             stall: Rc::default(),
+            burst: 0,
+            pause: None,
         }
     }
 
@@ -98,7 +119,23 @@ impl AsyncRead for Socket {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        if let Some(pause) = self.pause.as_mut() {
+            std::task::ready!(std::future::Future::poll(pause.as_mut(), cx));
+            self.pause = None;
+        }
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        match r {
+            Poll::Ready(Ok(())) => {
+                self.burst += 1;
+                if self.burst >= READ_BURST {
+                    self.burst = 0;
+                    self.pause = Some(Box::pin(monoio::time::sleep(READ_PAUSE)));
+                }
+            }
+            Poll::Pending => self.burst = 0,
+            Poll::Ready(Err(_)) => {}
+        }
+        r
     }
 }
 
