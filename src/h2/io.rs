@@ -184,9 +184,12 @@ const HOLD_KEEP: usize = 16 * 1024;
 /// Write coalescing. The h2 crate flushes after every DATA frame (16 KiB at the peer's
 /// default frame size), and every connection poll ends with a flush: written one by one, each
 /// frame is a syscall and a TCP segment of its own. So the first flush of a batch is put
-/// off: the connection's task is woken again instead, the bytes stay held, and what other
-/// streams queue meanwhile joins them; the next flush, at the end of that next poll, writes
-/// them all. The delay is one pass of the worker's run queue.
+/// off: the connection's task is woken again instead and the bytes stay held; the next flush,
+/// at the end of that next poll, writes them with what h2 queued in between. (monoio polls a
+/// task that woke itself again at once, ahead of the rest of the run queue. A yield to the
+/// back of the queue, through a helper task, was tried: TCP segments per request stayed at
+/// 2.25 and the CPU per request did not move beyond the noise, 0.88-1.04 of this over h2c
+/// and h2 TLS runs.)
 #[derive(Debug, Default)]
 struct Coalesce {
     /// A flush was put off: the next one writes.
