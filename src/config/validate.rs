@@ -203,7 +203,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         },
     };
     let shutdown_timeout = ctx.duration(&raw.shutdown_timeout, Duration::from_secs(30))?;
-    // (A lookup blocks the control thread, which also runs reloads: not more than once a second.)
+    // (Lookups run on a thread of their own, at most once a second.)
     let dns_refresh = match &raw.dns_refresh {
         Some(v) if v.get_ref() == "off" => None,
         Some(v) => match ctx.duration(&raw.dns_refresh, DEFAULT_DNS_REFRESH)? {
@@ -534,12 +534,22 @@ fn compile_http2(
             16_384..16_777_215,
             "http2.max_frame_size",
         )? as u32,
-        max_header_list_bytes: ctx.int(
-            &h.max_header_list_bytes,
-            http.limits.max_head_bytes as u64,
-            1024..1024 * 1024,
-            "http2.max_header_list_bytes",
-        )? as u32,
+        max_header_list_bytes: {
+            let n = ctx.int(
+                &h.max_header_list_bytes,
+                http.limits.max_head_bytes as u64,
+                1024..1024 * 1024,
+                "http2.max_header_list_bytes",
+            )?;
+            // A stream's head goes through the HTTP/1.1 head limit too: above it, a list
+            // would be decoded whole only to be answered 431.
+            if n > http.limits.max_head_bytes as u64 {
+                let span = h.max_header_list_bytes.as_ref().map_or(0..0, |v| v.span());
+                let why = "http2.max_header_list_bytes must not exceed http.max_head_bytes";
+                return Err(ctx.error(span, why.to_string()));
+            }
+            n as u32
+        },
         max_pending_accept_reset_streams: ctx.int(
             &h.max_pending_accept_reset_streams,
             20,
@@ -854,7 +864,14 @@ fn compile_upstream(ctx: &Ctx<'_>, u: &RawUpstream) -> Result<UpstreamConfig, Co
         h2_connection_window,
         h2_keepalive: match &u.h2_keepalive {
             None => None,
-            Some(_) => Some(ctx.duration(&u.h2_keepalive, Duration::ZERO)?),
+            // Each interval a PING goes out, and must be answered within the next.
+            Some(v) => match ctx.duration(&u.h2_keepalive, Duration::ZERO)? {
+                d if d >= MIN_H2_KEEPALIVE => Some(d),
+                _ => {
+                    let why = "h2_keepalive must be at least \"100ms\"";
+                    return Err(ctx.error(v.span(), why.to_string()));
+                }
+            },
         },
     })
 }
@@ -977,6 +994,10 @@ fn compile_health_check(
         }
     };
     let interval = ctx.duration(&r.interval, Duration::from_secs(5))?;
+    if interval < MIN_HEALTH_INTERVAL {
+        let span = r.interval.as_ref().map_or(0..0, |t| t.span());
+        return Err(ctx.error(span, "health_check.interval must be at least 50ms"));
+    }
     let timeout = ctx.duration(&r.timeout, Duration::from_secs(1))?;
     // The probes of a round run together and the next round waits for them: a long timeout
     // would let one endpoint that never answers hold up every upstream's checks, and
@@ -1007,6 +1028,31 @@ fn compile_health_check(
 
 /// Longest health probe timeout accepted.
 const MAX_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Shortest `health_check.interval`: the checker looks at its endpoints this often.
+const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Shortest `h2_keepalive`.
+const MIN_H2_KEEPALIVE: Duration = Duration::from_millis(100);
+
+/// Largest `respond.body_file`: read into memory on every load and reload.
+const MAX_BODY_FILE_BYTES: u64 = 1024 * 1024;
+
+/// A `body_file`'s content: a regular file of at most [`MAX_BODY_FILE_BYTES`] (not a device
+/// that never ends, nor a pipe that blocks the reload until a writer comes).
+fn read_body_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut body = Vec::new();
+    file.take(MAX_BODY_FILE_BYTES + 1).read_to_end(&mut body)?;
+    if body.len() as u64 > MAX_BODY_FILE_BYTES {
+        return Err(std::io::Error::other("larger than 1 MiB"));
+    }
+    Ok(body)
+}
 
 fn compile_retries(ctx: &Ctx<'_>, r: &RawRetries) -> Result<RetryPolicy, ConfigError> {
     let d = RetryPolicy::default();
@@ -1055,6 +1101,11 @@ fn compile_retries(ctx: &Ctx<'_>, r: &RawRetries) -> Result<RetryPolicy, ConfigE
 /// `host:port`, where host is an IPv4 address, a bracketed IPv6 address or a DNS name.
 fn parse_endpoint(text: &str) -> Result<EndpointSpec, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
+        if addr.port() == 0 || addr.ip().is_unspecified() {
+            return Err(format!(
+                "endpoint `{text}` names no peer (port 0 or an unspecified address)"
+            ));
+        }
         return Ok(EndpointSpec {
             authority: text.to_string(),
             host: addr.ip().to_string(),
@@ -1274,7 +1325,16 @@ fn compile_route(
                     .message
                     .clone()
                     .unwrap_or_else(|| "this route is down for maintenance".to_string()),
-                retry_after: ctx.duration(&m.retry_after, Duration::from_secs(60))?,
+                retry_after: {
+                    // Retry-After is whole seconds.
+                    let d = ctx.duration(&m.retry_after, Duration::from_secs(60))?;
+                    if d.subsec_nanos() != 0 {
+                        let span = m.retry_after.as_ref().map_or(0..0, |t| t.span());
+                        let why = "maintenance.retry_after must be whole seconds";
+                        return Err(ctx.error(span, why.to_string()));
+                    }
+                    d
+                },
             })
         }
     };
@@ -1551,7 +1611,7 @@ fn compile_respond(
         (Some(b), None) => b.clone().into_bytes(),
         (None, Some(f)) => {
             let path = ctx.base_dir.join(f.get_ref());
-            std::fs::read(&path).map_err(|e| {
+            read_body_file(&path).map_err(|e| {
                 ctx.error(
                     f.span(),
                     format!("cannot read body_file {}: {e}", path.display()),
@@ -1887,6 +1947,72 @@ mod tests {
             assert!(e.to_string().contains("health_check.timeout"), "{bad}: {e}");
         }
         assert!(compile(&hc("interval = \"50ms\", timeout = \"30s\""), "t.toml").is_ok());
+    }
+
+    #[test]
+    fn values_the_runtime_could_not_honour_are_refused() {
+        let up = |keys: &str| {
+            format!("{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"127.0.0.1:1\"]\n{keys}\n")
+        };
+        let refused = [
+            (
+                up("health_check = { interval = \"10ms\" }"),
+                "health_check.interval",
+            ),
+            (
+                up("protocol = \"h2c\"\nh2_keepalive = \"1ms\""),
+                "h2_keepalive must be at least",
+            ),
+            (
+                format!(
+                    "{MIN}[http]\nmax_head_bytes = 8192\n[http2]\nmax_header_list_bytes = 65536\n"
+                ),
+                "must not exceed http.max_head_bytes",
+            ),
+            (
+                format!(
+                    "{MIN}[[routes]]\npath_prefix = \"/\"\nrespond = {{ status = 200 }}\n\
+                     maintenance = {{ retry_after = \"1500ms\" }}\n"
+                ),
+                "whole seconds",
+            ),
+        ];
+        for (text, said) in refused {
+            let e = err(&text);
+            assert!(e.to_string().contains(said), "{said}: {e}");
+        }
+        for endpoint in ["127.0.0.1:0", "0.0.0.0:80", "[::]:80"] {
+            let e = err(&format!(
+                "{MIN}[[upstreams]]\nname = \"u\"\nendpoints = [\"{endpoint}\"]\n"
+            ));
+            assert!(e.to_string().contains("names no peer"), "{endpoint}: {e}");
+        }
+        // The bounds themselves are allowed.
+        for keys in [
+            "health_check = { interval = \"50ms\" }",
+            "protocol = \"h2c\"\nh2_keepalive = \"100ms\"",
+        ] {
+            assert!(compile(&up(keys), "t.toml").is_ok(), "{keys}");
+        }
+    }
+
+    #[test]
+    fn a_body_file_must_be_a_regular_file_of_at_most_1_mib() {
+        let dir = std::env::temp_dir().join(format!("ringway-body-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fits = dir.join("fits.txt");
+        std::fs::write(&fits, vec![b'a'; MAX_BODY_FILE_BYTES as usize]).unwrap();
+        assert_eq!(read_body_file(&fits).unwrap().len(), 1 << 20);
+        let over = dir.join("over.txt");
+        std::fs::write(&over, vec![b'a'; MAX_BODY_FILE_BYTES as usize + 1]).unwrap();
+        let e = read_body_file(&over).unwrap_err();
+        assert!(e.to_string().contains("larger than 1 MiB"), "{e}");
+        // A device that never ends, and a directory.
+        for path in [std::path::Path::new("/dev/zero"), dir.as_path()] {
+            let e = read_body_file(path).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
