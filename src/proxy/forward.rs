@@ -544,10 +544,12 @@ pub(super) async fn proxy(
             return fail(w, cg, conn, info, err, true).await;
         }
     }
-    if conn.head.upgrade && w.draining() {
+    if conn.head.upgrade && conn.winding_down(w) {
         // A tunnel opened now would be cut at once (a draining worker closes its tunnels): a
         // WebSocket session the backend accepted, dropped without a close frame. Refused
-        // before the upstream sees it, the client goes to another instance.
+        // before the upstream sees it, the client goes to another instance. (Nor does a
+        // connection whose listener went or changed terms start a session that would outlive
+        // them.)
         conn.consume_head(conn.head.len);
         let err = Error::new(ErrorKind::ShuttingDown, Side::Internal);
         return fail(w, cg, conn, info, err, true).await;

@@ -504,8 +504,9 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
         let (res, buf) = match head_deadline {
             Some(deadline) => pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await,
             None => {
-                // An idle keep-alive connection: closed on shutdown.
-                if w.draining() {
+                // An idle keep-alive connection: closed on shutdown, or when its listener
+                // went or changed terms during the exchange before.
+                if conn.winding_down(w) {
                     return HeadRead::Closed;
                 }
                 let deadline = w.now() + idle_timeout;

@@ -173,9 +173,10 @@ pub struct ListenerSlot {
 pub struct Admitted(Rc<ListenerSlot>, u32);
 
 impl Admitted {
-    /// Whether the listener's terms changed since, or it was removed.
+    /// Whether the listener's terms changed since, or it was removed (also for connections
+    /// it still takes from its queue after that).
     pub fn retired(&self) -> bool {
-        self.0.epoch.get() != self.1
+        self.0.stopped.get() || self.0.epoch.get() != self.1
     }
 }
 
