@@ -737,6 +737,29 @@ fn the_total_timeout_toward_an_h2_upstream_runs_from_the_end_of_a_buffered_body(
     assert_no_upstream_failures(proxy.addr);
 }
 
+#[test]
+fn an_idle_h2_connection_on_one_worker_does_not_shut_out_the_others() {
+    // One connection allowed across two workers, kept for a minute without a stream: each
+    // request comes on a new client connection, so both workers serve some, and the worker
+    // holding the connection gives it up for a request waiting on the other.
+    let proxy = Proxy::start(&format!(
+        "workers = 2\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nendpoints = [\"{}\"]\n\
+         max_connections = 1\nconnect_timeout = \"3s\"\npool_idle_timeout = \"60s\"\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        h2_origin()
+    ));
+    for i in 0..20 {
+        let started = Instant::now();
+        let r = Client::connect(proxy.addr).get("/");
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "request {i} waited {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// The silent origin's first connection answers `/a`, then `timeout` times a request out on
 /// it; the PING that follows goes unanswered, so the connection is closed, and the next
 /// request goes to a new one.

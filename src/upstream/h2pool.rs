@@ -360,6 +360,16 @@ impl H2Pool {
         open + self.connecting.get() < max_conns && state.has_connection_room(total)
     }
 
+    /// Closes one connection that carries no stream, if there is one: its slot under
+    /// `max_connections` goes to a request another worker has waiting (its driver ends when
+    /// the handle is gone).
+    pub fn close_one_idle(&self) {
+        let mut conns = self.conns.borrow_mut();
+        if let Some(i) = conns.iter().position(|c| c.streams() == 0 && !c.closed()) {
+            conns.swap_remove(i);
+        }
+    }
+
     /// Closes every connection (their drivers end when the handles are gone).
     pub fn clear(&self) {
         self.conns.borrow_mut().clear();

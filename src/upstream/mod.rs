@@ -603,7 +603,7 @@ impl UpstreamRt {
         if self.cfg.pool_max_idle == 0
             || conn.read.holds_unread()
             || conn.read.is_tls() != self.cfg.tls.is_some()
-            || self.others_waiting()
+            || (self.local.pending.get() == 0 && self.others_waiting())
         {
             return;
         }
@@ -680,7 +680,8 @@ impl UpstreamRt {
 
     /// Closes idle connections older than the pool idle timeout; while requests on other
     /// workers wait for a connection under `max_connections`, one more per endpoint and tick
-    /// (an idle connection here holds a slot one of them needs).
+    /// (an idle connection here holds a slot one of them needs), HTTP/2 ones without a
+    /// stream included.
     pub fn reap(&self, now: Instant) {
         let give_up_one = self.others_waiting();
         for ep in self.endpoints.borrow().iter() {
@@ -689,6 +690,7 @@ impl UpstreamRt {
             if give_up_one {
                 let keep = idle.len().saturating_sub(1);
                 idle.trim(keep);
+                ep.h2.close_one_idle();
             }
         }
     }
