@@ -1042,10 +1042,11 @@ const MAX_BODY_FILE_BYTES: u64 = 1024 * 1024;
 /// that never ends, nor a pipe that blocks the reload until a writer comes).
 fn read_body_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let file = std::fs::File::open(path)?;
-    if !file.metadata()?.is_file() {
+    // Looked at before it is opened: opening a pipe waits for a writer.
+    if !std::fs::metadata(path)?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
+    let file = std::fs::File::open(path)?;
     let mut body = Vec::new();
     file.take(MAX_BODY_FILE_BYTES + 1).read_to_end(&mut body)?;
     if body.len() as u64 > MAX_BODY_FILE_BYTES {
@@ -2007,8 +2008,19 @@ mod tests {
         std::fs::write(&over, vec![b'a'; MAX_BODY_FILE_BYTES as usize + 1]).unwrap();
         let e = read_body_file(&over).unwrap_err();
         assert!(e.to_string().contains("larger than 1 MiB"), "{e}");
-        // A device that never ends, and a directory.
-        for path in [std::path::Path::new("/dev/zero"), dir.as_path()] {
+        // A device that never ends, a directory, and a pipe (whose opening would wait for a
+        // writer).
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for path in [
+            std::path::Path::new("/dev/zero"),
+            dir.as_path(),
+            fifo.as_path(),
+        ] {
             let e = read_body_file(path).unwrap_err();
             assert!(e.to_string().contains("not a regular file"), "{e}");
         }
