@@ -199,15 +199,13 @@ fn keep_running_values(
     let limits = &mut gen.http.limits;
     if limits.max_head_bytes + crate::worker::ctx::HEAD_SLACK_BYTES > head_block_limit {
         restart.push("http.max_head_bytes (above the size the workers started with)");
-        let (asked, kept) = (limits.max_head_bytes, old.http.limits.max_head_bytes);
+        let kept = old.http.limits.max_head_bytes;
         limits.max_head_bytes = kept;
         limits.max_request_line_bytes = limits.max_request_line_bytes.min(kept);
-        // The HTTP/2 header list limit follows the head limit unless set apart from it: an
-        // HTTP/2 request's head is read with the head limit in force, and a list the h2 layer
-        // took beyond it would get 431 there.
-        if gen.http2.max_header_list_bytes as usize == asked {
-            gen.http2.max_header_list_bytes = kept as u32;
-        }
+        // The HTTP/2 header list limit stays within the head limit in force (whether it
+        // followed the refused one or was set apart from it): an HTTP/2 request's head is read
+        // with that limit, and a list the h2 layer took beyond it would get 431 there.
+        gen.http2.max_header_list_bytes = gen.http2.max_header_list_bytes.min(kept as u32);
     }
     restart
 }
@@ -561,11 +559,15 @@ mod tests {
             gen.http2.max_header_list_bytes as usize,
             old.http.limits.max_head_bytes
         );
-        // Set apart from the head limit, it stays as set.
-        let apart = format!("workers = 1\n{BASE}{grown}[http2]\nmax_header_list_bytes = 32768\n");
-        let mut gen = crate::config::compile(&apart, "t").unwrap();
-        assert_eq!(keep_running_values(&mut gen, &old, blocks).len(), 1);
-        assert_eq!(gen.http2.max_header_list_bytes, 32768);
+        // Set apart from the head limit, it stays as set within the head limit kept, and is
+        // cut to it beyond.
+        for (set, runs) in [(8192, 8192), (32768, 16384)] {
+            let apart =
+                format!("workers = 1\n{BASE}{grown}[http2]\nmax_header_list_bytes = {set}\n");
+            let mut gen = crate::config::compile(&apart, "t").unwrap();
+            assert_eq!(keep_running_values(&mut gen, &old, blocks).len(), 1);
+            assert_eq!(gen.http2.max_header_list_bytes, runs);
+        }
         // Within the blocks, a new head limit applies.
         let small = format!("workers = 1\n{BASE}[http]\nmax_head_bytes = 8192\n");
         let mut gen = crate::config::compile(&small, "t").unwrap();
