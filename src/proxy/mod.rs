@@ -316,6 +316,7 @@ pub fn serve_client(
         log: ExchangeLog::default(),
     };
     async move {
+        let mut fair = crate::worker::fair::FairShare::default();
         let mut first = true;
         loop {
             match read_head(&w, &mut conn, first).await {
@@ -398,6 +399,7 @@ pub fn serve_client(
                     client_keep_alive || conn.rbuf.as_ref().is_some_and(|b| !b.is_empty());
                 break;
             }
+            fair.turn_done(&w).await;
         }
         if conn.aborted {
             return;

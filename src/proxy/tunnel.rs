@@ -165,7 +165,9 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     let mut buf = first.unwrap_or_else(|| w.pool.take());
     // The last read filled its block: more is likely waiting.
     let mut burst = false;
+    let mut fair = crate::worker::fair::FairShare::default();
     loop {
+        fair.turn_done(w).await;
         if !buf.is_empty() {
             let n = buf.len() as u64;
             let stall = Stall::new(w.now(), idle);

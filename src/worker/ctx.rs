@@ -336,6 +336,11 @@ impl Worker {
         self.draining.get()
     }
 
+    /// Ticks run so far: one every [`TICK`](super::TICK) while the worker's loop gets its turn.
+    pub fn ticks(&self) -> u64 {
+        self.ticks.get()
+    }
+
     /// Open client connections.
     pub fn active_connections(&self) -> usize {
         self.active.get()

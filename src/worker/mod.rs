@@ -8,6 +8,7 @@
 pub mod ctx;
 pub mod deadline;
 pub mod event;
+pub mod fair;
 pub mod runtime;
 
 use std::net::SocketAddr;
