@@ -399,7 +399,9 @@ pub fn serve_client(
                     client_keep_alive || conn.rbuf.as_ref().is_some_and(|b| !b.is_empty());
                 break;
             }
-            fair.turn_done(&w).await;
+            if fair.turn() {
+                fair.look(&w).await;
+            }
         }
         if conn.aborted {
             return;

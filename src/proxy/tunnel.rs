@@ -167,7 +167,9 @@ async fn pump<R: AsyncReadRent, W: AsyncWriteRent>(
     let mut burst = false;
     let mut fair = crate::worker::fair::FairShare::default();
     loop {
-        fair.turn_done(w).await;
+        if fair.turn() {
+            fair.look(w).await;
+        }
         if !buf.is_empty() {
             let n = buf.len() as u64;
             let stall = Stall::new(w.now(), idle);

@@ -29,12 +29,16 @@ pub struct FairShare {
 }
 
 impl FairShare {
-    /// One turn taken: pauses when the worker's loop got none for too long.
-    pub async fn turn_done(&mut self, w: &Worker) {
+    /// One turn taken; whether it is time for [`Self::look`]. (Apart, so that the common turn
+    /// makes no future.)
+    #[inline]
+    pub fn turn(&mut self) -> bool {
         self.turns += 1;
-        if self.turns < FAIR_TURNS {
-            return;
-        }
+        self.turns >= FAIR_TURNS
+    }
+
+    /// Pauses when the worker's loop got no turn for too long.
+    pub async fn look(&mut self, w: &Worker) {
         self.turns = 0;
         let (ticks, now) = (w.ticks(), Instant::now());
         match self.seen {
