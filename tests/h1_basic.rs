@@ -742,35 +742,9 @@ fn a_client_pipelining_without_pause_does_not_hold_the_worker_from_others() {
     let proxy = Proxy::start(
         "workers = 1\n[[routes]]\npath_prefix = \"/\"\nrespond = { status = 200, body = \"ok\" }",
     );
-    let mut flood = std::net::TcpStream::connect(proxy.addr).unwrap();
-    let mut sink = flood.try_clone().unwrap();
-    let closer = flood.try_clone().unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        while matches!(std::io::Read::read(&mut sink, &mut buf), Ok(n) if n > 0) {}
-    });
-    let flooding = std::thread::spawn(move || {
-        use std::io::Write;
-        let one = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
-        let chunk: Vec<u8> = one.iter().copied().cycle().take(one.len() * 2048).collect();
-        let until = std::time::Instant::now() + Duration::from_secs(2);
-        let mut sent = 0usize;
-        while std::time::Instant::now() < until && flood.write_all(&chunk).is_ok() {
-            sent += chunk.len();
-        }
-        sent
-    });
-    std::thread::sleep(Duration::from_millis(200));
-    let mut slowest = Duration::ZERO;
-    for _ in 0..10 {
-        let started = std::time::Instant::now();
-        let r = Client::connect(proxy.addr).get("/");
-        assert_eq!(r.status, 200);
-        slowest = slowest.max(started.elapsed());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sent = flooding.join().unwrap();
-    let _ = closer.shutdown(std::net::Shutdown::Both);
+    let one = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let chunk = one.iter().copied().cycle().take(one.len() * 2048).collect();
+    let (slowest, sent) = served_during_flood(proxy.addr, b"", chunk);
     assert!(
         sent > 1 << 20,
         "the flood was too slow to tell: {sent} bytes"

@@ -1232,43 +1232,18 @@ fn a_connection_flooding_frames_does_not_hold_the_worker_from_others() {
     let proxy = Proxy::start(
         "workers = 1\n[[routes]]\npath_prefix = \"/\"\nrespond = { status = 200, body = \"ok\" }",
     );
-    let mut flood = std::net::TcpStream::connect(proxy.addr).unwrap();
-    let mut sink = flood.try_clone().unwrap();
-    let closer = flood.try_clone().unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        while matches!(std::io::Read::read(&mut sink, &mut buf), Ok(n) if n > 0) {}
-    });
-    let flooding = std::thread::spawn(move || {
-        use std::io::Write;
-        flood
-            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-            .unwrap();
-        let priority = b"\0\0\x05\x02\0\0\0\0\x01\0\0\0\0\x10";
-        let chunk: Vec<u8> = priority
-            .iter()
-            .copied()
-            .cycle()
-            .take(priority.len() * 4096)
-            .collect();
-        let until = std::time::Instant::now() + Duration::from_secs(2);
-        let mut sent = 0usize;
-        while std::time::Instant::now() < until && flood.write_all(&chunk).is_ok() {
-            sent += chunk.len();
-        }
-        sent
-    });
-    std::thread::sleep(Duration::from_millis(200));
-    let mut slowest = Duration::ZERO;
-    for _ in 0..10 {
-        let started = std::time::Instant::now();
-        let r = support::Client::connect(proxy.addr).get("/");
-        assert_eq!(r.status, 200);
-        slowest = slowest.max(started.elapsed());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sent = flooding.join().unwrap();
-    let _ = closer.shutdown(std::net::Shutdown::Both);
+    let priority = b"\0\0\x05\x02\0\0\0\0\x01\0\0\0\0\x10";
+    let chunk = priority
+        .iter()
+        .copied()
+        .cycle()
+        .take(priority.len() * 4096)
+        .collect();
+    let (slowest, sent) = served_during_flood(
+        proxy.addr,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0",
+        chunk,
+    );
     assert!(
         sent > 16 << 20,
         "the flood was too slow to tell: {sent} bytes"

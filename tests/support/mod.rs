@@ -791,3 +791,38 @@ pub fn read_to_end_after(s: &mut impl Read, wait: Duration) -> (usize, Option<st
         }
     }
 }
+
+/// Floods `addr` from one connection for 2 s (`preface`, then `chunk` again and again, its
+/// answers read and dropped) while another client asks for `/` on a new connection every
+/// 100 ms; the slowest of those answers (each must be a 200), and the bytes the flood wrote.
+pub fn served_during_flood(addr: SocketAddr, preface: &[u8], chunk: Vec<u8>) -> (Duration, usize) {
+    let mut flood = TcpStream::connect(addr).unwrap();
+    let mut sink = flood.try_clone().unwrap();
+    let closer = flood.try_clone().unwrap();
+    thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        while matches!(sink.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let preface = preface.to_vec();
+    let flooding = thread::spawn(move || {
+        flood.write_all(&preface).unwrap();
+        let until = Instant::now() + Duration::from_secs(2);
+        let mut sent = 0usize;
+        while Instant::now() < until && flood.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        sent
+    });
+    thread::sleep(Duration::from_millis(200));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = Instant::now();
+        let r = Client::connect(addr).get("/");
+        assert_eq!(r.status, 200);
+        slowest = slowest.max(started.elapsed());
+        thread::sleep(Duration::from_millis(100));
+    }
+    let sent = flooding.join().unwrap();
+    let _ = closer.shutdown(std::net::Shutdown::Both);
+    (slowest, sent)
+}
