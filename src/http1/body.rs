@@ -197,7 +197,7 @@ impl ChunkedDecoder {
             i += 1;
             match self.state {
                 State::SizeStart | State::Size => {
-                    self.line += 1;
+                    self.bump_line()?;
                     if let Some(d) = hex_value(b) {
                         // Leading zeros do not count (the line's length bounds them).
                         if self.size != 0 || d != 0 {
@@ -687,6 +687,16 @@ mod tests {
 
     #[test]
     fn long_lines_are_bounded() {
+        // Leading zeros alone (no extension after them) are bounded too.
+        let mut body = vec![b'0'; MAX_CHUNK_LINE_BYTES];
+        body.extend_from_slice(b"1\r\nx\r\n0\r\n\r\n");
+        assert_eq!(decode_all(&body, 7), Err(ChunkedError::LineTooLong));
+        let mut body = vec![b'0'; MAX_CHUNK_LINE_BYTES - 2];
+        body.extend_from_slice(b"1\r\nx\r\n0\r\n\r\n");
+        assert!(
+            decode_all(&body, 7).is_ok(),
+            "a line of 4,096 bytes with its CR fits"
+        );
         let mut body = b"1;".to_vec();
         body.extend(std::iter::repeat_n(b'a', MAX_CHUNK_LINE_BYTES));
         body.extend_from_slice(b"\r\nx\r\n0\r\n\r\n");
