@@ -542,7 +542,7 @@ pub fn early_hints_origin() -> SocketAddr {
             let _ = std::io::Write::write_all(
                 &mut s,
                 b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nX-Hop: 1\r\n\
-                  Connection: X-Hop\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n\
+                  Content-Length: 40\r\nConnection: X-Hop\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n\
                   HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
             );
         }
