@@ -34,7 +34,7 @@ use super::{respond, ClientConn, ReqInfo};
 use crate::buf::Block;
 use crate::config::{BalancerConfig, BreakerConfig, HashKey, HIGH_PRIORITY_CLASS};
 use crate::error::{Error, ErrorKind, Side};
-use crate::http1::encode::{kept_when_relayed, put_field, put_status_line, ForwardedFor};
+use crate::http1::encode::{put_field, put_status_line, ForwardedFor};
 use crate::http1::{
     filter_in_place, parse_response, write_request_head, write_response_head, BodyFraming,
     ChunkedDecoder, HeaderKind, Keep, Method, RequestEdits, ResponseEdits, ResponseHead, Version,
@@ -996,7 +996,15 @@ pub(super) fn interim_head<'a>(
 ) -> Option<Block> {
     let mut out = w.pool.take();
     put_status_line(&mut out, status, reason).ok()?;
+    // No framing field: a 1xx has no body (RFC 9110 §8.6), and a client that believed a
+    // length would take the next response's bytes for it.
     for (name, value) in fields {
+        if matches!(
+            HeaderKind::classify(name),
+            HeaderKind::ContentLength | HeaderKind::TransferEncoding
+        ) {
+            continue;
+        }
         put_field(&mut out, name, value).ok()?;
     }
     out.put(b"\r\n").ok()?;
@@ -1160,11 +1168,9 @@ async fn exchange(
                 }
                 // (The watch on the client lets go of it for the write.)
                 drop(gone.take());
-                // Without its connection-specific fields, nor framing ones (a 1xx has no
-                // body, RFC 9110 §8.6: a client that believed a length would take the next
-                // response's bytes for it).
+                // Without its connection-specific fields.
                 let head = b.data();
-                let fields = conn.resp.headers.iter().filter(|h| kept_when_relayed(h));
+                let fields = conn.resp.headers.iter().filter(|h| !h.hop);
                 let fields = fields.map(|h| (h.name.get(head), h.value.get(head)));
                 let reason = conn.resp.reason.get(head);
                 if let Some(out) = interim_head(w, conn.resp.status, reason, fields) {

@@ -360,11 +360,9 @@ async fn head_after_body<'w>(
         };
         *relayed += 1;
         let status = resp.status();
-        // (A 1xx has no body: no length goes with it.)
         let fields = resp
             .headers()
             .iter()
-            .filter(|(n, _)| *n != http::header::CONTENT_LENGTH)
             .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         let reason = status.canonical_reason().unwrap_or("").as_bytes();
         let Some(out) = interim_head(w, status.as_u16(), reason, fields) else {
