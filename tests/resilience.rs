@@ -984,6 +984,112 @@ fn connection_limits_queue_within_max_pending_then_shed() {
 }
 
 #[test]
+fn requests_waiting_for_a_connection_are_served_in_the_order_they_came() {
+    // One connection, held by the first request; seven more come one after another, each in
+    // line before the next is sent. Once the first is answered, the origin sees the others in
+    // the order they came (they used to race for each freed connection, every one on its own
+    // 2 ms timer).
+    let release = Arc::new(AtomicBool::new(false));
+    let origin = gated(&release, "ok");
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin.addr]),
+        "max_connections = 1\nmax_pending = 16\nconnect_timeout = \"10s\"",
+    );
+    let addr = p.addr;
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let path = format!("/{i}");
+        clients.push(thread::spawn(move || {
+            Client::connect(addr).get(&path).status
+        }));
+        let in_line = format!("\"pending\":{i}");
+        assert!(
+            wait_until(Duration::from_secs(5), || if i == 0 {
+                origin.requests().len() == 1
+            } else {
+                admin(admin_addr(&p), "GET", "/-/upstreams")
+                    .1
+                    .contains(&in_line)
+            }),
+            "request {i} did not get in line"
+        );
+    }
+    release.store(true, Ordering::SeqCst);
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 200);
+    }
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.target.clone()).collect();
+    let came: Vec<String> = (0..8).map(|i| format!("/{i}")).collect();
+    assert_eq!(paths, came);
+    assert_eq!(origin.connection_count(), 1, "one connection at most");
+}
+
+#[test]
+fn requests_waiting_for_an_http2_stream_are_sent_in_the_order_they_came() {
+    // An h2c origin taking one stream at a time, holding every answer until released; one
+    // connection. The first request is taken, the second queues on the connection (h2 holds
+    // it until the stream limit lets it open), the others wait in line.
+    let release = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (r, s) = (release.clone(), seen.clone());
+    let origin = tokio_server(move |tcp| {
+        let (release, seen) = (r.clone(), s.clone());
+        async move {
+            let Ok(mut conn) = h2::server::Builder::new()
+                .max_concurrent_streams(1)
+                .handshake::<_, bytes::Bytes>(tcp)
+                .await
+            else {
+                return;
+            };
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                seen.lock().unwrap().push(req.uri().path().to_string());
+                let release = release.clone();
+                tokio::spawn(async move {
+                    while !release.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    let resp = http::Response::builder().status(200).body(()).unwrap();
+                    let _ = respond.send_response(resp, true);
+                });
+            }
+        }
+    });
+    let p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin]),
+        "protocol = \"h2c\"\nh2_connections = 1\nmax_connections = 1\nmax_pending = 16\n\
+         connect_timeout = \"10s\"",
+    );
+    let addr = p.addr;
+    let upstreams = || admin(admin_addr(&p), "GET", "/-/upstreams").1;
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let path = format!("/{i}");
+        clients.push(thread::spawn(move || {
+            Client::connect(addr).get(&path).status
+        }));
+        let placed = || match i {
+            0 => seen.lock().unwrap().len() == 1,
+            1 => upstreams().contains("\"in_flight\":2"),
+            _ => upstreams().contains(&format!("\"pending\":{}", i - 1)),
+        };
+        assert!(
+            wait_until(Duration::from_secs(5), placed),
+            "request {i} was not placed: {}",
+            upstreams()
+        );
+    }
+    release.store(true, Ordering::SeqCst);
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 200);
+    }
+    let came: Vec<String> = (0..8).map(|i| format!("/{i}")).collect();
+    assert_eq!(*seen.lock().unwrap(), came);
+}
+
+#[test]
 fn an_idle_connection_on_one_worker_does_not_shut_out_the_others() {
     // One connection allowed across two workers, pooled for a minute: each request comes on
     // a new client connection, so both workers serve some. The worker that holds the idle

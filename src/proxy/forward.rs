@@ -17,12 +17,14 @@
 //! arrived is sent once more on a new connection, if it has no body and its method is
 //! idempotent (RFC 9110 §9.2.2).
 
+use std::future::poll_fn;
 use std::io as stdio;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::gone::{unless_gone, ClientGone};
@@ -109,23 +111,26 @@ impl Drop for Permit<'_> {
     }
 }
 
-/// A request waiting for a connection (`max_pending`), counted until dropped, across workers
-/// and on its own.
-struct Pending<'a>(&'a UpstreamRt);
+/// A request waiting for a connection (`max_pending`): counted across workers, in line on
+/// its own, until dropped.
+struct Pending<'a> {
+    up: &'a UpstreamRt,
+    ticket: u64,
+}
 
 impl<'a> Pending<'a> {
-    /// Counts a request whose place in the shared count is taken already.
-    fn new(up: &'a UpstreamRt) -> Self {
-        up.local.pending.set(up.local.pending.get() + 1);
-        Pending(up)
+    /// Puts in line a request whose place in the shared count is taken already (at the
+    /// front: see [`crate::upstream::WaitQueue::join`]).
+    fn new(up: &'a UpstreamRt, front: bool) -> Self {
+        let ticket = up.local.queue.join(front);
+        Pending { up, ticket }
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        let local = &self.0.local.pending;
-        local.set(local.get() - 1);
-        self.0.shared.pending.fetch_sub(1, Ordering::AcqRel);
+        self.up.local.queue.leave(self.ticket);
+        self.up.shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -398,9 +403,9 @@ async fn acquire(
     let mut wait = SlotWait::default();
     loop {
         let now = Instant::now();
-        match up.pick(key, tried, w.now_ms(), now, w.shared.epoch) {
-            Ok(ep) => {
-                let inflight = ep.begin(w.id);
+        match wait.pick(up, key, tried, w, now) {
+            Some(Ok(ep)) => {
+                let inflight = ep.begin(w.id, up);
                 match up.connect(&ep, false, replayable, now).await {
                     Ok(c) => {
                         tried.add(&ep);
@@ -409,6 +414,7 @@ async fn acquire(
                     Err(ConnectError::Busy) => {
                         // Taken by another worker meanwhile: the token is not spent.
                         up.unpick(&ep, now, w.shared.epoch);
+                        wait.lost_it();
                     }
                     Err(e) => {
                         tried.add(&ep);
@@ -416,8 +422,8 @@ async fn acquire(
                     }
                 }
             }
-            Err(PickError::NoEndpoints) => return Err(AcquireFail::NoEndpoints),
-            Err(PickError::Busy) => {}
+            Some(Err(PickError::NoEndpoints)) => return Err(AcquireFail::NoEndpoints),
+            Some(Err(PickError::Busy)) | None => {}
         }
         match wait.wait(w, up, gone).await {
             Waited::Again => {}
@@ -453,23 +459,69 @@ pub(super) fn queue_watch<'a>(
     ClientGone::of(w, cg, &conn.stream, pipelined)
 }
 
-/// A request's wait for a connection while every endpoint is at its limit: queued within
-/// `max_pending`, up to `connect_timeout`, looking again every [`PENDING_POLL`] (connections
-/// free up on any worker). HTTP/1.1 and HTTP/2 upstreams wait alike.
+/// A request's wait for a connection while every endpoint is at its limit: in this worker's
+/// line for the upstream (first come, first served: [`crate::upstream::WaitQueue`]) within
+/// `max_pending`, up to `connect_timeout`. The first in line looks again when a request to the
+/// upstream ends here, and every [`PENDING_POLL`] (connections free up on any worker).
+/// HTTP/1.1 and HTTP/2 upstreams wait alike.
 #[derive(Default)]
 pub(super) struct SlotWait<'a> {
-    pending: Option<(Pending<'a>, Instant)>,
+    /// Its place in line.
+    place: Option<Pending<'a>>,
+    /// When the wait ends: `connect_timeout` after the request first joined the line.
+    until: Option<Instant>,
+    /// It left the line with an endpoint that then had no connection to spare after all
+    /// (another worker took it): it goes back to the front.
+    lost: bool,
 }
 
 impl<'a> SlotWait<'a> {
-    /// Waits one poll interval (less if the client goes: `gone`).
+    /// Picks an endpoint, unless requests on this worker waited before this one (`None`: it
+    /// waits its turn). A pick takes the request out of line.
+    pub(super) fn pick(
+        &mut self,
+        up: &UpstreamRt,
+        key: Option<u64>,
+        tried: &Tried,
+        w: &Worker,
+        now: Instant,
+    ) -> Option<Result<Rc<EndpointRt>, PickError>> {
+        let turn = match &self.place {
+            None => up.local.queue.is_empty(),
+            Some(p) => up.local.queue.is_first(p.ticket),
+        };
+        if !turn {
+            return None;
+        }
+        let picked = up.pick(key, tried, w.now_ms(), now, w.shared.epoch);
+        if picked.is_ok() {
+            self.place = None;
+        }
+        Some(picked)
+    }
+
+    /// The picked endpoint had no connection to spare after all: the request waits again,
+    /// first in line.
+    pub(super) fn lost_it(&mut self) {
+        self.lost = true;
+    }
+
+    /// Waits until the request's turn to look again, at most one poll interval when first in
+    /// line (less if the client goes: `gone`).
     pub(super) async fn wait(
         &mut self,
         w: &Worker,
         up: &'a UpstreamRt,
         gone: Option<&ClientGone<'_>>,
     ) -> Waited {
-        match &self.pending {
+        let until = *self
+            .until
+            .get_or_insert_with(|| w.now() + up.cfg.connect_timeout);
+        if w.now() >= until {
+            return Waited::GiveUp;
+        }
+        let ticket = match &self.place {
+            Some(p) => p.ticket,
             None => {
                 let max = up.cfg.max_pending;
                 let queued = up
@@ -482,13 +534,27 @@ impl<'a> SlotWait<'a> {
                 if !queued {
                     return Waited::GiveUp;
                 }
-                self.pending = Some((Pending::new(up), w.now() + up.cfg.connect_timeout));
+                let p = Pending::new(up, std::mem::take(&mut self.lost));
+                let ticket = p.ticket;
+                self.place = Some(p);
+                ticket
             }
-            Some((_, until)) if w.now() >= *until => return Waited::GiveUp,
-            Some(_) => {}
-        }
-        let pause = crate::worker::deadline::sleep(PENDING_POLL);
-        match unless_gone(gone, std::pin::pin!(pause)).await {
+        };
+        let queue = &up.local.queue;
+        // Those behind the first need no timer of their own: they are woken in turn.
+        let pause = if queue.is_first(ticket) {
+            PENDING_POLL.min(until - w.now())
+        } else {
+            until - w.now()
+        };
+        let mut sleep = std::pin::pin!(crate::worker::deadline::sleep(pause));
+        let turn = poll_fn(|cx| {
+            if queue.poll_turn(ticket, cx).is_ready() {
+                return Poll::Ready(());
+            }
+            std::future::Future::poll(sleep.as_mut(), cx)
+        });
+        match unless_gone(gone, std::pin::pin!(turn)).await {
             Some(()) => Waited::Again,
             None => Waited::ClientGone,
         }

@@ -203,9 +203,9 @@ async fn acquire(
     let mut wait = SlotWait::default();
     loop {
         let now = Instant::now();
-        match up.pick(key, tried, w.now_ms(), now, w.shared.epoch) {
-            Ok(ep) => {
-                let inflight = ep.begin(w.id);
+        match wait.pick(up, key, tried, w, now) {
+            Some(Ok(ep)) => {
+                let inflight = ep.begin(w.id, up);
                 let err = match up.h2_stream(&ep, w.pool.block_size()).await {
                     Ok(stream) => {
                         tried.add(&ep);
@@ -213,8 +213,9 @@ async fn acquire(
                     }
                     Err(ConnectError::Busy) => {
                         // At the cap across workers, or every stream taken: wait (the token
-                        // is not spent).
+                        // is not spent), first in line.
                         up.unpick(&ep, now, w.shared.epoch);
+                        wait.lost_it();
                         None
                     }
                     Err(e) => Some(super::forward::connect_error(&ep, e)),
@@ -224,8 +225,8 @@ async fn acquire(
                     return Ok((ep, inflight, Err(err), now));
                 }
             }
-            Err(PickError::NoEndpoints) => return Err(Some(PickError::NoEndpoints)),
-            Err(PickError::Busy) => {}
+            Some(Err(PickError::NoEndpoints)) => return Err(Some(PickError::NoEndpoints)),
+            Some(Err(PickError::Busy)) | None => {}
         }
         match wait.wait(w, up, gone).await {
             Waited::Again => {}

@@ -17,6 +17,7 @@
 pub mod balancer;
 pub mod h2pool;
 pub mod pool;
+pub mod queue;
 pub mod state;
 
 use std::cell::{Cell, RefCell};
@@ -36,6 +37,7 @@ use crate::shared::ResolvedEndpoint;
 
 pub use balancer::{Balancer, Endpoints};
 pub use pool::{IdlePool, UpConn};
+pub use queue::WaitQueue;
 pub use state::{Admit, EndpointState, FailureClass, UpstreamState};
 
 /// The TLS handshake toward an endpoint (SNI and verification for its host, or the
@@ -108,8 +110,9 @@ impl EndpointRt {
         &self.authority
     }
 
-    /// Counts an attempt in flight on `worker` until the returned guard drops.
-    pub fn begin(self: &Rc<Self>, worker: usize) -> InFlight {
+    /// Counts an attempt in flight on `worker` until the returned guard drops; its end wakes
+    /// the first of `up`'s requests waiting for a connection here.
+    pub fn begin(self: &Rc<Self>, worker: usize, up: &UpstreamRt) -> InFlight {
         let n = self.in_flight.get() + 1;
         self.in_flight.set(n);
         let stats = self.state.stats(worker);
@@ -118,6 +121,7 @@ impl EndpointRt {
         InFlight {
             ep: self.clone(),
             worker,
+            local: up.local.clone(),
         }
     }
 
@@ -135,6 +139,7 @@ impl EndpointRt {
 pub struct InFlight {
     ep: Rc<EndpointRt>,
     worker: usize,
+    local: Rc<UpstreamLocal>,
 }
 
 impl InFlight {
@@ -153,6 +158,9 @@ impl Drop for InFlight {
             .stats(self.worker)
             .in_flight
             .store(u64::from(n), Ordering::Relaxed);
+        // Its connection or stream is free (pooled or closed by now: the woken request runs
+        // after this one's task yields).
+        self.local.queue.wake_first();
     }
 }
 
@@ -166,8 +174,9 @@ pub struct UpstreamLocal {
     latency_dirty: Cell<bool>,
     /// The copy published last time, reused for the next publication.
     latency_spare: RefCell<Option<Arc<Histogram<u64>>>>,
-    /// This worker's share of `UpstreamState::pending`.
-    pub pending: Cell<u32>,
+    /// This worker's requests waiting for a connection (its share of
+    /// `UpstreamState::pending`).
+    pub queue: WaitQueue,
 }
 
 impl UpstreamLocal {
@@ -178,7 +187,7 @@ impl UpstreamLocal {
             latency: RefCell::new(state::new_histogram()),
             latency_dirty: Cell::new(false),
             latency_spare: RefCell::new(Some(Arc::new(state::new_histogram()))),
-            pending: Cell::new(0),
+            queue: WaitQueue::default(),
         }
     }
 
@@ -603,7 +612,7 @@ impl UpstreamRt {
         if self.cfg.pool_max_idle == 0
             || conn.read.holds_unread()
             || conn.read.is_tls() != self.cfg.tls.is_some()
-            || (self.local.pending.get() == 0 && self.others_waiting())
+            || (self.local.queue.is_empty() && self.others_waiting())
         {
             return;
         }
@@ -700,7 +709,7 @@ impl UpstreamRt {
     /// shut them out until it idles out.
     fn others_waiting(&self) -> bool {
         self.cfg.max_connections > 0
-            && self.shared.pending.load(Ordering::Relaxed) > self.local.pending.get()
+            && self.shared.pending.load(Ordering::Relaxed) as usize > self.local.queue.len()
     }
 
     /// Closes every idle connection (shutdown).
