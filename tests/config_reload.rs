@@ -169,14 +169,12 @@ fn listeners_are_added_and_removed_live() {
             .is_err()),
         "the removed listener still accepts"
     );
-    // Its open connection finishes the exchange it is in, then closes (keep-alive ends with
-    // the listener); the kept listener is unaffected.
-    let r = on_extra.get("/");
-    assert_eq!(
-        (r.text().as_str(), r.header("connection")),
-        ("hi", Some("close"))
+    // Its idle keep-alive connection closes at once (one in an exchange would finish it
+    // first, see tests/tls.rs); the kept listener is unaffected.
+    assert!(
+        on_extra.is_closed(Duration::from_secs(1)),
+        "an idle connection of the removed listener stayed"
     );
-    assert!(on_extra.is_closed(Duration::from_secs(2)));
     let mut kept = Client::connect(addr);
     for _ in 0..2 {
         let r = kept.get("/");

@@ -87,6 +87,21 @@ impl TlsClient {
             .unwrap();
         read_response(&mut self.stream, false).expect("a response")
     }
+
+    /// Whether the server closes the connection within `wait` (with or without close_notify).
+    fn closed_within(&mut self, wait: Duration) -> bool {
+        let tcp = &self.stream.get_ref().sock;
+        tcp.set_read_timeout(Some(wait)).unwrap();
+        let mut byte = [0u8; 1];
+        match self.stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
 }
 
 /// A client config offering `alpn` that takes any certificate and remembers the one
@@ -291,16 +306,34 @@ fn a_host_other_than_the_sni_name_gets_421_unless_relaxed() {
 
     let dir = Dir::new("tls-421-off");
     write_certs(&dir);
-    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, "strict_sni = false"));
-    let mut c = TlsClient::connect(addr, "a.test");
-    assert_eq!(c.request("b.test", "/").status, 200);
-    // Made strict by a reload: a connection set up without it ends after its next exchange,
-    // and the next ones refuse another host.
-    dir.write(&tls_config(&dir, origin.addr, ""));
+    let slow = Origin::start(|r| {
+        if r.target == "/slow" {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        Reply::text(200, "ok")
+    });
+    let (server, addr) = start(&dir, &tls_config(&dir, slow.addr, "strict_sni = false"));
+    let mut busy = TlsClient::connect(addr, "a.test");
+    let mut idle = TlsClient::connect(addr, "a.test");
+    assert_eq!(busy.request("b.test", "/").status, 200);
+    assert_eq!(idle.request("b.test", "/").status, 200);
+    busy.stream
+        .get_mut()
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: b.test\r\n\r\n")
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || slow.requests().len() == 3));
+    // Made strict by a reload: a connection set up without it ends after the exchange in
+    // progress, an idle one at once, and the next ones refuse another host.
+    dir.write(&tls_config(&dir, slow.addr, ""));
     let g = server.reload_handle().reload_and_wait().unwrap();
     assert!(server.wait_for_generation(g, Duration::from_secs(2)));
-    let r = c.request("b.test", "/");
+    assert!(
+        idle.closed_within(Duration::from_secs(1)),
+        "an idle connection set up under the old terms stayed"
+    );
+    let r = read_response(&mut busy.stream, false).expect("a response");
     assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    assert!(busy.closed_within(Duration::from_secs(2)));
     assert_eq!(
         TlsClient::connect(addr, "a.test")
             .request("b.test", "/")

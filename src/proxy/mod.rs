@@ -509,14 +509,19 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
             Some(deadline) => pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await,
             None => {
                 // An idle keep-alive connection: closed on shutdown, or when its listener
-                // went or changed terms during the exchange before.
+                // goes or changes terms (during the exchange before, or while it waits:
+                // shutdown stops every listener too).
                 if conn.winding_down(w) {
                     return HeadRead::Closed;
                 }
                 let deadline = w.now() + idle_timeout;
+                let retire = match &conn.listener {
+                    Some(l) => l.retire_event(),
+                    None => &w.shutdown,
+                };
                 // Pinned here: `or_event` would move a future given by value.
                 match or_event(
-                    &w.shutdown,
+                    retire,
                     pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)),
                 )
                 .await

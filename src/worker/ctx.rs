@@ -156,6 +156,8 @@ pub struct ListenerSlot {
     /// Fired to stop the accept loop.
     pub stop: Event,
     stopped: Cell<bool>,
+    /// Fired when the connections accepted before retire (see `epoch`): idle ones close.
+    retire: Event,
     /// The listener's TLS settings when its loop started: what the connections it still
     /// takes after a reload removed it are served with.
     tls: Option<Arc<TlsListener>>,
@@ -178,6 +180,12 @@ impl Admitted {
     pub fn retired(&self) -> bool {
         self.0.stopped.get() || self.0.epoch.get() != self.1
     }
+
+    /// Fired when the listener's connections retire (a reload removed it, changed its terms,
+    /// or shutdown began: every listener stops then).
+    pub fn retire_event(&self) -> &Event {
+        &self.0.retire
+    }
 }
 
 impl ListenerSlot {
@@ -189,6 +197,7 @@ impl ListenerSlot {
             configured,
             stop: Event::default(),
             stopped: Cell::new(false),
+            retire: Event::default(),
             tls,
             terms: Cell::new(terms),
             epoch: Cell::new(0),
@@ -212,6 +221,7 @@ impl ListenerSlot {
         let terms = Self::terms_of(l.tls.as_ref());
         if terms != self.terms.replace(terms) {
             self.epoch.set(self.epoch.get().wrapping_add(1));
+            self.retire.notify_all();
         }
     }
 
@@ -233,6 +243,7 @@ impl ListenerSlot {
         self.stopped.set(true);
         self.epoch.set(self.epoch.get().wrapping_add(1));
         self.stop.notify_all();
+        self.retire.notify_all();
     }
 }
 
