@@ -723,3 +723,58 @@ fn reserved_paths_can_be_left_to_the_routes_and_the_admin_listener_serves_them()
     server.shutdown();
     server.join();
 }
+
+#[test]
+fn a_reload_that_raises_max_connections_is_not_held_up_by_requests_waiting_before_it() {
+    // One connection, held; a request waits for it. A reload allows two: the next request
+    // takes the new room at once instead of waiting behind the one in line, which picks
+    // under the limit of its own generation.
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let origin = Origin::start(move |_| {
+        while !r.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Reply::text(200, "ok")
+    });
+    let dir = Dir::new("queue-reload");
+    let config = |max: u32| {
+        format!(
+            "workers = 1\ncpus = []\nlog_level = \"error\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"up\"\n\
+             endpoints = [\"{}\"]\nmax_connections = {max}\nconnect_timeout = \"10s\"\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+            origin.addr
+        )
+    };
+    let (server, addr) = start_in(&dir, &config(1));
+    let admin = server.admin_addr().unwrap();
+    let get =
+        |path: &'static str| std::thread::spawn(move || Client::connect(addr).get(path).status);
+    let held = get("/held");
+    assert!(wait_until(Duration::from_secs(5), || origin
+        .requests()
+        .len()
+        == 1));
+    let waiting = get("/waiting");
+    assert!(wait_until(Duration::from_secs(5), || {
+        support::admin(admin, "GET", "/-/upstreams")
+            .1
+            .contains("\"pending\":1")
+    }));
+    dir.write(&config(2));
+    let g = server.reload_handle().reload_and_wait().unwrap();
+    assert!(server.wait_for_generation(g, Duration::from_secs(2)));
+    let after = get("/after");
+    assert!(
+        wait_until(Duration::from_secs(3), || origin.requests().len() == 2),
+        "the request after the reload waited behind the one in line"
+    );
+    assert_eq!(origin.requests()[1].target, "/after");
+    release.store(true, Ordering::SeqCst);
+    for t in [held, waiting, after] {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+    server.shutdown();
+    server.join();
+}

@@ -111,26 +111,44 @@ impl Drop for Permit<'_> {
     }
 }
 
-/// A request waiting for a connection (`max_pending`): counted across workers, in line on
-/// its own, until dropped.
-struct Pending<'a> {
-    up: &'a UpstreamRt,
-    ticket: u64,
-}
+/// A request waiting for a connection, one of `max_pending` across workers until dropped
+/// (from its first wait to the end of its `acquire`, connecting included).
+struct Pending<'a>(&'a UpstreamRt);
 
 impl<'a> Pending<'a> {
-    /// Puts in line a request whose place in the shared count is taken already (at the
-    /// front: see [`crate::upstream::WaitQueue::join`]).
-    fn new(up: &'a UpstreamRt, front: bool) -> Self {
-        let ticket = up.local.queue.join(front);
-        Pending { up, ticket }
+    /// Counts a request whose place in the shared count is taken already.
+    fn new(up: &'a UpstreamRt) -> Self {
+        up.local.pending.set(up.local.pending.get() + 1);
+        Pending(up)
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.up.local.queue.leave(self.ticket);
-        self.up.shared.pending.fetch_sub(1, Ordering::AcqRel);
+        let local = &self.0.local.pending;
+        local.set(local.get() - 1);
+        self.0.shared.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A waiting request's place in its worker's line ([`crate::upstream::WaitQueue`]), given up
+/// when dropped.
+struct Place<'a> {
+    up: &'a UpstreamRt,
+    ticket: u64,
+}
+
+impl<'a> Place<'a> {
+    /// At the back of the line, or at its front (see [`crate::upstream::WaitQueue::join`]).
+    fn new(up: &'a UpstreamRt, front: bool) -> Self {
+        let ticket = up.queue.join(front);
+        Place { up, ticket }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.up.queue.leave(self.ticket);
     }
 }
 
@@ -466,8 +484,12 @@ pub(super) fn queue_watch<'a>(
 /// HTTP/1.1 and HTTP/2 upstreams wait alike.
 #[derive(Default)]
 pub(super) struct SlotWait<'a> {
-    /// Its place in line.
-    place: Option<Pending<'a>>,
+    /// Its count among `max_pending`, held until the wait ends (also while it connects: a
+    /// request that lost its connection to another worker waits again without being
+    /// refused by a full queue).
+    pending: Option<Pending<'a>>,
+    /// Its place in line, given up when it picks.
+    place: Option<Place<'a>>,
     /// When the wait ends: `connect_timeout` after the request first joined the line.
     until: Option<Instant>,
     /// It left the line with an endpoint that then had no connection to spare after all
@@ -487,8 +509,8 @@ impl<'a> SlotWait<'a> {
         now: Instant,
     ) -> Option<Result<Rc<EndpointRt>, PickError>> {
         let turn = match &self.place {
-            None => up.local.queue.is_empty(),
-            Some(p) => up.local.queue.is_first(p.ticket),
+            None => up.queue.is_empty(),
+            Some(p) => up.queue.is_first(p.ticket),
         };
         if !turn {
             return None;
@@ -520,27 +542,30 @@ impl<'a> SlotWait<'a> {
         if w.now() >= until {
             return Waited::GiveUp;
         }
+        if self.pending.is_none() {
+            let max = up.cfg.max_pending;
+            let queued = up
+                .shared
+                .pending
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok();
+            if !queued {
+                return Waited::GiveUp;
+            }
+            self.pending = Some(Pending::new(up));
+        }
         let ticket = match &self.place {
             Some(p) => p.ticket,
             None => {
-                let max = up.cfg.max_pending;
-                let queued = up
-                    .shared
-                    .pending
-                    .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                        (n < max).then_some(n + 1)
-                    })
-                    .is_ok();
-                if !queued {
-                    return Waited::GiveUp;
-                }
-                let p = Pending::new(up, std::mem::take(&mut self.lost));
+                let p = Place::new(up, std::mem::take(&mut self.lost));
                 let ticket = p.ticket;
                 self.place = Some(p);
                 ticket
             }
         };
-        let queue = &up.local.queue;
+        let queue = &up.queue;
         // Those behind the first need no timer of their own: they are woken in turn.
         let pause = if queue.is_first(ticket) {
             PENDING_POLL.min(until - w.now())

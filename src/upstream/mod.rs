@@ -111,7 +111,7 @@ impl EndpointRt {
     }
 
     /// Counts an attempt in flight on `worker` until the returned guard drops; its end wakes
-    /// the first of `up`'s requests waiting for a connection here.
+    /// the first of `up`'s requests waiting for a connection here (in its generation).
     pub fn begin(self: &Rc<Self>, worker: usize, up: &UpstreamRt) -> InFlight {
         let n = self.in_flight.get() + 1;
         self.in_flight.set(n);
@@ -121,7 +121,7 @@ impl EndpointRt {
         InFlight {
             ep: self.clone(),
             worker,
-            local: up.local.clone(),
+            queue: up.queue.clone(),
         }
     }
 
@@ -139,7 +139,7 @@ impl EndpointRt {
 pub struct InFlight {
     ep: Rc<EndpointRt>,
     worker: usize,
-    local: Rc<UpstreamLocal>,
+    queue: Rc<WaitQueue>,
 }
 
 impl InFlight {
@@ -160,7 +160,7 @@ impl Drop for InFlight {
             .store(u64::from(n), Ordering::Relaxed);
         // Its connection or stream is free (pooled or closed by now: the woken request runs
         // after this one's task yields).
-        self.local.queue.wake_first();
+        self.queue.wake_first();
     }
 }
 
@@ -174,9 +174,8 @@ pub struct UpstreamLocal {
     latency_dirty: Cell<bool>,
     /// The copy published last time, reused for the next publication.
     latency_spare: RefCell<Option<Arc<Histogram<u64>>>>,
-    /// This worker's requests waiting for a connection (its share of
-    /// `UpstreamState::pending`).
-    pub queue: WaitQueue,
+    /// This worker's share of `UpstreamState::pending`.
+    pub pending: Cell<u32>,
 }
 
 impl UpstreamLocal {
@@ -187,7 +186,7 @@ impl UpstreamLocal {
             latency: RefCell::new(state::new_histogram()),
             latency_dirty: Cell::new(false),
             latency_spare: RefCell::new(Some(Arc::new(state::new_histogram()))),
-            queue: WaitQueue::default(),
+            pending: Cell::new(0),
         }
     }
 
@@ -254,6 +253,10 @@ pub struct UpstreamRt {
     pub shared: Arc<UpstreamState>,
     /// State kept across generations on this worker.
     pub local: Rc<UpstreamLocal>,
+    /// This generation's requests waiting for a connection, in line. Those of an earlier
+    /// generation, which pick under its limits and endpoints, keep their own line: a reload
+    /// that raised `max_connections` or added endpoints is not held up behind them.
+    pub queue: Rc<WaitQueue>,
     worker: usize,
     endpoints: RefCell<Vec<Rc<EndpointRt>>>,
     balancer: RefCell<Balancer>,
@@ -390,6 +393,7 @@ impl UpstreamRt {
             cfg: cfg.clone(),
             shared,
             local,
+            queue: Rc::new(WaitQueue::default()),
             worker,
             endpoints: RefCell::new(carried),
         };
@@ -612,7 +616,7 @@ impl UpstreamRt {
         if self.cfg.pool_max_idle == 0
             || conn.read.holds_unread()
             || conn.read.is_tls() != self.cfg.tls.is_some()
-            || (self.local.queue.is_empty() && self.others_waiting())
+            || (self.local.pending.get() == 0 && self.others_waiting())
         {
             return;
         }
@@ -709,7 +713,7 @@ impl UpstreamRt {
     /// shut them out until it idles out.
     fn others_waiting(&self) -> bool {
         self.cfg.max_connections > 0
-            && self.shared.pending.load(Ordering::Relaxed) as usize > self.local.queue.len()
+            && self.shared.pending.load(Ordering::Relaxed) > self.local.pending.get()
     }
 
     /// Closes every idle connection (shutdown).

@@ -9,9 +9,11 @@
 //! own timer for what frees up on other workers; when it leaves the line, the next one looks
 //! at once (more than one connection may be free).
 //!
-//! Ownership: one per upstream per worker, in `UpstreamLocal` (never `Send`). Connections
-//! belong to the worker that opened them, so each worker keeps its own line: across workers,
-//! lines are served side by side, as each worker's clients are.
+//! Ownership: one per upstream per worker and generation, in `UpstreamRt` (never `Send`).
+//! Connections belong to the worker that opened them, so each worker keeps its own line:
+//! across workers, lines are served side by side, as each worker's clients are. A reload
+//! starts a new line: the requests of the old one pick under the old limits and endpoints,
+//! and must not hold up those that may use what the reload added.
 //! Invariant: tickets grow from the front of the line to its back, and the front is a waiter
 //! still in line. A waiter that leaves from the middle is marked and dropped when it reaches
 //! the front, or when the marked outnumber those in line (so leaving costs a binary search,
