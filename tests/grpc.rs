@@ -353,6 +353,43 @@ fn the_upstream_is_told_the_time_left_of_its_attempt() {
 }
 
 #[test]
+fn a_calls_whole_deadline_reaches_the_upstream_past_the_response_timeout() {
+    // `response_timeout` bounds only the wait for the response head, which a streaming call
+    // gets long before it ends: a call with a minute to live is told so, not the second of
+    // the head's wait (the upstream would end it then).
+    let proxy = proxy_to_h2_with(h2_origin(), "response_timeout = \"1s\"");
+    rt().block_on(async {
+        let (status, headers, ..) =
+            call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), Some("60S")).await;
+        assert_eq!(status, 200);
+        let left = headers["x-grpc-timeout"].to_str().unwrap();
+        let ms: u64 = left.strip_suffix('m').unwrap().parse().unwrap();
+        assert!((55_000..=60_000).contains(&ms), "{left}");
+    });
+}
+
+#[test]
+fn a_short_grpc_deadline_is_never_cut_short() {
+    // The deadline counts from when the call came, by the clock: not from the worker's last
+    // tick (up to 25 ms before), which would end a 50 ms call after 25.
+    let proxy = proxy_to_h2(h2_origin());
+    rt().block_on(async {
+        for i in 0..12 {
+            let (status, headers, .., elapsed, _) =
+                call(proxy.addr, "/echo.Svc/SlowHead", &frame(b"x"), Some("50m")).await;
+            let code = headers["grpc-status"].to_str().unwrap();
+            assert_eq!((status, code), (200, "4"), "call {i}");
+            assert!(
+                elapsed >= Duration::from_millis(50),
+                "call {i}: {elapsed:?}"
+            );
+            // Calls come at different points of the worker's tick.
+            tokio::time::sleep(Duration::from_millis(7)).await;
+        }
+    });
+}
+
+#[test]
 fn calls_ended_by_their_own_deadline_do_not_count_against_the_upstream() {
     let origin = h2_origin();
     // Two failures in a row would open the circuit.

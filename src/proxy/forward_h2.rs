@@ -671,14 +671,18 @@ pub(super) async fn proxy(
             // The call's own grpc-timeout ends first: its passing is the client's doing.
             let call_deadline = plan.grpc_deadline.filter(|&g| g <= limit);
             let head_deadline = call_deadline.unwrap_or(limit);
-            // A call with a grpc-timeout tells the upstream the time it has left for this
-            // attempt (after the queue, earlier attempts and their backoffs, and within the
-            // try timeout), as gRPC servers expect of a proxy; one whose deadline passed
-            // before it could be sent is not sent.
-            let grpc_timeout = plan
-                .grpc_deadline
-                .map(|_| head_deadline.saturating_duration_since(now));
-            if call_deadline.is_some() && grpc_timeout.is_some_and(|t| t.is_zero()) {
+            // A call with a grpc-timeout tells the upstream the time it has left (after the
+            // queue, earlier attempts and their backoffs), as gRPC servers expect of a proxy:
+            // the whole call's, which a streaming call spends long after its response head.
+            // An explicit `per_try_timeout` caps it; `response_timeout` does not (it bounds
+            // only the wait for the head). Read off the clock, not the worker's tick: short
+            // deadlines are common. A call whose deadline passed before it could be sent is
+            // not sent.
+            let grpc_timeout = plan.grpc_deadline.map(|g| {
+                let left = g.saturating_duration_since(Instant::now());
+                up.cfg.retries.per_try_timeout.map_or(left, |t| left.min(t))
+            });
+            if grpc_timeout.is_some_and(|t| t.is_zero()) {
                 let err = Error::new(ErrorKind::UpstreamTimeout, Side::Upstream);
                 break 'attempt Attempt::Local(err.with_cause("the call's grpc-timeout passed"));
             }
