@@ -390,6 +390,22 @@ fn a_short_grpc_deadline_is_never_cut_short() {
 }
 
 #[test]
+fn a_maintenance_message_reaches_a_grpc_client_percent_encoded() {
+    let origin = h2_origin();
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\nendpoints = [\"{origin}\"]\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n\
+         maintenance = {{ message = \"zur\u{fc}ck um 14:00, 100%\", retry_after = \"60s\" }}\n"
+    ));
+    rt().block_on(async {
+        let (status, headers, ..) = call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), None).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["grpc-status"], "14");
+        assert_eq!(headers["grpc-message"], "zur%C3%BCck um 14:00, 100%25");
+    });
+}
+
+#[test]
 fn calls_ended_by_their_own_deadline_do_not_count_against_the_upstream() {
     let origin = h2_origin();
     // Two failures in a row would open the circuit.

@@ -56,6 +56,27 @@ pub fn format_timeout(d: Duration) -> String {
     }
 }
 
+/// `message` as a `grpc-message` value: percent-encoded as the gRPC protocol asks (each byte
+/// outside 0x20–0x7E, and `%`, as `%XX`), so a client decodes the operator's text as written
+/// (a `%` or UTF-8 in a maintenance message). Borrowed when nothing needs encoding.
+pub fn encode_message(message: &str) -> std::borrow::Cow<'_, [u8]> {
+    let plain = |b: u8| (0x20..=0x7e).contains(&b) && b != b'%';
+    let bytes = message.as_bytes();
+    if bytes.iter().all(|&b| plain(b)) {
+        return std::borrow::Cow::Borrowed(bytes);
+    }
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(bytes.len() * 3);
+    for &b in bytes {
+        if plain(b) {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The gRPC status code for a gateway error (the gRPC-over-HTTP mapping, with ringway's own
 /// timeouts as DEADLINE_EXCEEDED).
 pub fn status_for(kind: ErrorKind) -> u8 {
@@ -85,6 +106,16 @@ pub fn status_for(kind: ErrorKind) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_percent_encoded_where_grpc_asks() {
+        assert!(matches!(
+            encode_message("upstream unavailable"),
+            std::borrow::Cow::Borrowed(b"upstream unavailable")
+        ));
+        assert_eq!(&*encode_message("ü 100%"), b"%C3%BC 100%25");
+        assert_eq!(&*encode_message("a\tb~"), b"a%09b~");
+    }
 
     #[test]
     fn timeouts_are_written_as_they_are_read() {

@@ -312,7 +312,7 @@ fn local_error(
             .status(200)
             .header("content-type", "application/grpc")
             .header("grpc-status", u16::from(grpc::status_for(kind)))
-            .header("grpc-message", message)
+            .header("grpc-message", &*grpc::encode_message(message))
             .body(());
         (resp, None)
     } else {

@@ -205,10 +205,8 @@ async fn envelope_response(
         // frame ends the stream), with the classification as grpc-message.
         let mut digits = [0u8; 20];
         let code = decimal(u64::from(crate::h2::grpc::status_for(kind)), &mut digits);
-        let headers: [(&[u8], &[u8]); 2] = [
-            (b"grpc-status", code),
-            (b"grpc-message", message.as_bytes()),
-        ];
+        let message = crate::h2::grpc::encode_message(message);
+        let headers: [(&[u8], &[u8]); 2] = [(b"grpc-status", code), (b"grpc-message", &message)];
         let resp = Local {
             status: 200,
             content_type: Some(b"application/grpc"),
