@@ -7,7 +7,7 @@ import time
 def http(port, method, path, timeout=5):
     """One request on its own connection: (status, body text)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
     data = b""
     while True:
         chunk = s.recv(65536)

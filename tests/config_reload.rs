@@ -435,13 +435,18 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 403"), "{text}");
     assert_eq!(server.generation(), 1, "nothing was reloaded");
-    // A page whose name was rebound to the admin address reads it same-origin: a browser
-    // still says Sec-Fetch-Site. Without it (curl), the list is served.
-    for (fetch_site, status) in [("Sec-Fetch-Site: same-origin\r\n", "403"), ("", "200")] {
+    // A page whose name was rebound to the admin address reads it same-origin, over plain
+    // HTTP without Sec-Fetch-Site, but under its own name; a browser sends Sec-Fetch-Site
+    // to localhost. Tools (curl) name the address or localhost and send neither.
+    for (host, fetch_site, status) in [
+        ("rebound.example:9901", "", "403"),
+        ("localhost:9901", "Sec-Fetch-Site: same-origin\r\n", "403"),
+        ("127.0.0.1:9901", "", "200"),
+        ("localhost", "", "200"),
+    ] {
         let mut s = TcpStream::connect(admin).unwrap();
         s.write_all(
-            format!("GET /-/upstreams HTTP/1.1\r\nHost: rebound.example:9901\r\n{fetch_site}\r\n")
-                .as_bytes(),
+            format!("GET /-/upstreams HTTP/1.1\r\nHost: {host}\r\n{fetch_site}\r\n").as_bytes(),
         )
         .unwrap();
         let mut text = String::new();

@@ -123,6 +123,29 @@ fn refuse_busy(mut stream: TcpStream) {
     }
 }
 
+/// Whether a Host value names this machine without a DNS name a browser could have resolved
+/// for a page (an IP address, or `localhost`), with or without a port.
+fn local_host(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, port)) if port.is_empty() || port.starts_with(':') => {
+                return v6.parse::<std::net::Ipv6Addr>().is_ok()
+                    && port.bytes().skip(1).all(|b| b.is_ascii_digit());
+            }
+            _ => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host,
+        },
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
     // One deadline for the whole request head: a client trickling bytes cannot hold its
     // admin slot longer than READ_TIMEOUT.
@@ -163,13 +186,21 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
         }
     };
     let path = head.path.get(&buf[..parsed]).to_vec();
-    // A browser sends Origin on a cross-site post and Sec-Fetch-Site on every request (same
-    // origin too: a page whose name was rebound to this address, DNS rebinding); operators'
-    // tools send neither. Refusing them keeps web pages from reloading, draining, or reading
-    // the endpoint list through a loopback port.
+    // A browser sends Origin on a cross-site post, and Sec-Fetch-Site on requests to secure
+    // origins; operators' tools send neither. A page whose DNS name was rebound to a loopback
+    // address (DNS rebinding) reads it same-origin over plain HTTP with neither, but names
+    // its own host: on a loopback address, a Host that is not an IP address or `localhost`
+    // is refused as well. (An admin listener bound elsewhere is reachable without a browser's
+    // help, and scrapers name it as they please.) Refusing them keeps web pages from
+    // reloading, draining, or reading the endpoint list through a loopback port.
+    let on_loopback = stream.local_addr().is_ok_and(|a| a.ip().is_loopback());
     let from_browser = head.headers.iter().any(|h| {
         let name = h.name.get(&buf[..parsed]);
-        name.eq_ignore_ascii_case(b"origin") || name.eq_ignore_ascii_case(b"sec-fetch-site")
+        name.eq_ignore_ascii_case(b"origin")
+            || name.eq_ignore_ascii_case(b"sec-fetch-site")
+            || (on_loopback
+                && name.eq_ignore_ascii_case(b"host")
+                && !local_host(h.value.get(&buf[..parsed])))
     });
     if from_browser {
         reply(&mut stream, 403, "{\"error\":{\"code\":\"forbidden\",\"message\":\"admin requests from browsers are refused\"}}");
@@ -377,6 +408,35 @@ pub fn json_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_and_localhost_are_local_hosts() {
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:9901",
+            "localhost",
+            "LocalHost:9901",
+            "[::1]",
+            "[::1]:9901",
+            "10.0.0.7:80",
+        ] {
+            assert!(local_host(ok.as_bytes()), "{ok}");
+        }
+        for refused in [
+            "rebound.example",
+            "rebound.example:9901",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "[::1",
+            "[::1]x",
+            "[rebound.example]",
+            "127.0.0.1:99x",
+            "",
+            "\u{fc}",
+        ] {
+            assert!(!local_host(refused.as_bytes()), "{refused}");
+        }
+    }
 
     #[test]
     fn json_strings_escape() {

@@ -645,7 +645,7 @@ pub fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
     )
     .unwrap();
     let mut text = String::new();
