@@ -956,6 +956,48 @@ where
 }
 
 #[test]
+fn requests_queued_behind_long_streams_time_out_without_blaming_the_upstream() {
+    // The origin takes one stream at a time and holds the first (a watch, say); requests
+    // queued behind it never reach it. Their timeouts are no failures of the upstream's:
+    // before, two of them in a row had it ejected, healthy as it was.
+    let origin = one_stream_origin(|req, mut respond| async move {
+        if req.uri().path() != "/hold" {
+            return serve_big_or_small(req, respond).await;
+        }
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let Ok(mut send) = respond.send_response(resp, false) else {
+            return;
+        };
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let _ = send.send_data(Bytes::from_static(b"held"), true);
+    });
+    let proxy = proxy_to_h2_with(
+        origin,
+        "response_timeout = \"300ms\"\noutlier = { consecutive_failures = 2 }",
+    );
+    let mut a = Client::connect(proxy.addr);
+    a.send(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    for request in [
+        &b"GET /q1 HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"PUT /q2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        b"GET /q3 HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let mut c = Client::connect(proxy.addr);
+        c.send(request);
+        let r = c.read_response(false).expect("an answer");
+        assert_eq!(r.status, 504);
+    }
+    assert_no_upstream_failures(proxy.addr);
+    let ejections: f64 = metrics(proxy.addr)
+        .iter()
+        .filter(|(k, _)| k.starts_with("ringway_endpoint_ejections"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(ejections, 0.0);
+}
+
+#[test]
 fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
     // The origin takes one stream at a time; the first is held for 3 s (its head comes at
     // once, its body's end 3 s later).

@@ -707,11 +707,20 @@ pub(super) async fn proxy(
             let mut gone = ClientGone::of(w, cg, &conn.stream, pipelined);
             // A deadline passing: the call's own grpc-timeout is the client's doing, not a
             // failure of the upstream (neither the breaker nor outlier detection hears of
-            // it, and it is not retried: DEADLINE_EXCEEDED to the client).
+            // it, and it is not retried: DEADLINE_EXCEEDED to the client). Nor is a stream
+            // taken beyond the peer's stream limit timing out: it may have waited, unsent,
+            // behind long streams all along (as a request waiting for a connection at
+            // `max_connections` would have, which is no failure either).
+            let queued = slot.queued();
             let timed_out = |cause: &'static str| {
                 let err = Error::new(ErrorKind::UpstreamTimeout, Side::Upstream);
                 if call_deadline.is_some() {
                     Attempt::Local(err.with_cause("the call's grpc-timeout passed"))
+                } else if queued {
+                    Attempt::Local(err.with_cause(
+                        "no response head in time, on a stream queued behind the upstream's \
+                         stream limit",
+                    ))
                 } else {
                     Attempt::Failed(err.with_cause(cause), FailureClass::Timeout)
                 }

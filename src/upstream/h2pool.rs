@@ -270,9 +270,10 @@ impl Conn {
     /// A handle to send one request on, holding one of this connection's stream counts.
     fn take_stream(&self) -> (SendRequest<Bytes>, StreamSlot) {
         let s = &self.shared;
+        let queued = s.streams.get() >= self.send.current_max_send_streams();
         s.streams.set(s.streams.get() + 1);
         s.taken.set(s.taken.get().wrapping_add(1));
-        (self.send.clone(), StreamSlot(s.clone()))
+        (self.send.clone(), StreamSlot(s.clone(), queued))
     }
 
     fn streams(&self) -> usize {
@@ -311,9 +312,16 @@ impl Drop for Connecting<'_> {
 
 /// A stream's hold on its connection's count, given back when dropped.
 #[derive(Debug)]
-pub struct StreamSlot(Rc<Shared>);
+pub struct StreamSlot(Rc<Shared>, bool);
 
 impl StreamSlot {
+    /// Whether the stream was taken beyond the peer's stream limit: h2 holds it, unsent,
+    /// until another stream ends (see [`may_queue`]). Its request timing out may never have
+    /// reached the upstream, busy with long streams: no failure of the upstream's.
+    pub fn queued(&self) -> bool {
+        self.1
+    }
+
     /// The stream timed out: the connection is to prove its peer still answers (a PING),
     /// or be closed.
     pub fn suspect(&self) {
