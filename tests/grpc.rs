@@ -1618,6 +1618,58 @@ fn an_early_answer_from_an_h2_upstream_reaches_an_http1_client_while_its_body_is
     );
 }
 
+/// An h2c origin granting no window to request bodies: `/early` answers 413 at once (the
+/// stream stays open, no reset); anything else gets 1,000 103 responses, then nothing.
+fn windowless_origin() -> SocketAddr {
+    tokio_server(|tcp| async move {
+        let Ok(mut conn) = h2::server::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(tcp)
+            .await
+        else {
+            return;
+        };
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            tokio::spawn(async move {
+                let (parts, body) = req.into_parts();
+                if parts.uri.path() == "/early" {
+                    let resp = http::Response::builder().status(413).body(()).unwrap();
+                    let _ = respond.send_response(resp, true);
+                } else {
+                    for _ in 0..1000 {
+                        let hint = http::Response::builder().status(103).body(()).unwrap();
+                        let _ = respond.send_informational(hint);
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                drop(body);
+            });
+        }
+    })
+}
+
+#[test]
+fn an_upstream_granting_no_window_is_heard_while_the_body_waits_for_it() {
+    let proxy = proxy_to_h2_with(windowless_origin(), "response_timeout = \"5s\"");
+    // Its answer before any window is relayed at once (not a 504 after the response timeout);
+    // its interim responses without end are taken off as they come and counted: beyond 16,
+    // the answer is invalid (h2 would otherwise keep every one of them).
+    for (path, status) in [("/early", 413), ("/flood", 502)] {
+        let started = Instant::now();
+        let mut c = proxy.connect();
+        c.send(
+            format!("PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello").as_bytes(),
+        );
+        let r = c.read_response(false).expect("a response");
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{path}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 #[test]
 fn interim_responses_of_an_h2_upstream_are_relayed_and_bounded() {
     let proxy = proxy_to_h2_with(origin_for_early_answers(), "");

@@ -283,6 +283,9 @@ type HeadResult = Result<http::Response<RecvStream>, HeadFail>;
 struct FinalHead {
     resp: h2::client::ResponseFuture,
     interim: usize,
+    /// Interim responses to pass on, taken off while they could not be (see
+    /// [`Self::drain_interim`]); at most `MAX_INTERIM_RESPONSES`.
+    held: std::collections::VecDeque<http::Response<()>>,
 }
 
 /// What came next on an HTTP/2 upstream stream ([`FinalHead::poll_next`]).
@@ -297,6 +300,14 @@ impl FinalHead {
     /// The next response head: the final one or, with `relay`, an interim one the client is
     /// to get too (`relayed_interim`). The other interim responses are taken off and counted.
     fn poll_next(&mut self, cx: &mut std::task::Context<'_>, relay: bool) -> Poll<NextHead> {
+        if relay {
+            if let Some(r) = self.held.pop_front() {
+                return Poll::Ready(NextHead::Interim(r));
+            }
+        }
+        if self.interim > MAX_INTERIM_RESPONSES {
+            return Poll::Ready(NextHead::Final(Err(HeadFail::Interim)));
+        }
         loop {
             match self.resp.poll_informational(cx) {
                 Poll::Ready(Some(Ok(r))) => {
@@ -316,6 +327,33 @@ impl FinalHead {
         }
         let head = std::task::ready!(Pin::new(&mut self.resp).poll(cx));
         Poll::Ready(NextHead::Final(head.map_err(HeadFail::H2)))
+    }
+}
+
+impl FinalHead {
+    /// Takes interim responses off while nothing else polls the head (the request waits for
+    /// window, a 1xx goes to a slow client): h2 keeps every one it receives until taken, so
+    /// an upstream sending them without end would otherwise grow memory without bound. They
+    /// are counted (beyond [`MAX_INTERIM_RESPONSES`] the head fails when next polled), and
+    /// those to pass on are held for [`Self::poll_next`]. `true` once what comes next is the
+    /// final head, or the stream's end or error (left for the next poll), or the count ran
+    /// over.
+    fn drain_interim(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        loop {
+            if self.interim > MAX_INTERIM_RESPONSES {
+                return true;
+            }
+            match self.resp.poll_informational(cx) {
+                Poll::Ready(Some(Ok(r))) => {
+                    self.interim += 1;
+                    if relayed_interim(r.status().as_u16()) {
+                        self.held.push_back(r);
+                    }
+                }
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return true,
+                Poll::Pending => return false,
+            }
+        }
     }
 }
 
@@ -351,13 +389,15 @@ async fn head_after_body<'w>(
 ) -> Result<Option<HeadResult>, Error> {
     loop {
         let relay = info.version != Version::Http10 && *relayed < MAX_INTERIM_RESPONSES;
-        let mut next = pin!(poll_fn(|cx| head.poll_next(cx, relay)));
-        let next = pin!(within(deadline(w), next.as_mut()));
-        let resp = match unless_gone(gone.as_ref(), next).await {
-            None => return Err(cancelled()),
-            Some(None) => return Ok(None),
-            Some(Some(NextHead::Final(head))) => return Ok(Some(head)),
-            Some(Some(NextHead::Interim(resp))) => resp,
+        let resp = {
+            let mut next = pin!(poll_fn(|cx| head.poll_next(cx, relay)));
+            let next = pin!(within(deadline(w), next.as_mut()));
+            match unless_gone(gone.as_ref(), next).await {
+                None => return Err(cancelled()),
+                Some(None) => return Ok(None),
+                Some(Some(NextHead::Final(head))) => return Ok(Some(head)),
+                Some(Some(NextHead::Interim(resp))) => resp,
+            }
         };
         *relayed += 1;
         let status = resp.status();
@@ -369,9 +409,23 @@ async fn head_after_body<'w>(
         let Some(out) = interim_head(w, status.as_u16(), reason, fields) else {
             continue;
         };
-        // (The watch on the client lets go of it for the write.)
+        // (The watch on the client lets go of it for the write.) Interim responses that
+        // come meanwhile are taken off, to go on after it.
         drop(gone.take());
-        write_interim(w, cg, conn, out).await?;
+        {
+            let mut write = pin!(write_interim(w, cg, conn, out));
+            let mut draining = true;
+            poll_fn(|cx| {
+                if let Poll::Ready(r) = write.as_mut().poll(cx) {
+                    return Poll::Ready(r);
+                }
+                if draining {
+                    draining = !head.drain_interim(cx);
+                }
+                Poll::Pending
+            })
+            .await?;
+        }
         *gone = ClientGone::of(w, cg, &conn.stream, pipelined);
     }
 }
@@ -725,20 +779,44 @@ pub(super) async fn proxy(
                     Attempt::Failed(err.with_cause(cause), FailureClass::Timeout)
                 }
             };
+            let mut head = std::pin::pin!(FinalHead {
+                resp,
+                interim: 0,
+                held: std::collections::VecDeque::new(),
+            });
+            let too_many_interim = || {
+                let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream);
+                let err = err.with_cause("too many interim responses");
+                Attempt::Failed(err, FailureClass::Invalid)
+            };
             if !end_stream {
                 // A stream queued behind the peer's stream limit gets no window until it
                 // opens: that wait counts against the response deadline, not against the
-                // (longer) send timeout of each body write.
-                let open = std::pin::pin!(stream_open(&mut stream));
-                let opened = timeout_at(head_deadline, unless_gone(gone.as_ref(), open)).await;
+                // (longer) send timeout of each body write. An answer that comes meanwhile
+                // ends the wait (the body's send below meets it: an early answer), and
+                // interim responses are taken off as they come.
+                let mut open = std::pin::pin!(stream_open(&mut stream));
+                let open_or_answer = poll_fn(|cx| {
+                    if let Poll::Ready(r) = open.as_mut().poll(cx) {
+                        return Poll::Ready(r);
+                    }
+                    if head.drain_interim(cx) {
+                        return Poll::Ready(Ok(true));
+                    }
+                    Poll::Pending
+                });
+                let open_or_answer = std::pin::pin!(open_or_answer);
+                let opened =
+                    timeout_at(head_deadline, unless_gone(gone.as_ref(), open_or_answer)).await;
                 match opened {
                     Ok(Some(Ok(true))) => {}
                     Ok(Some(Ok(false))) => {
                         // Closed while queued (refused, or beyond a GOAWAY): its response
                         // says how, and no body byte was taken yet (it may be sent again).
-                        break 'attempt match timeout_at(head_deadline, resp).await {
+                        break 'attempt match timeout_at(head_deadline, head.as_mut()).await {
                             Ok(Ok(r)) => Attempt::Response(r, slot),
-                            Ok(Err(e)) => reset(e),
+                            Ok(Err(HeadFail::H2(e))) => reset(e),
+                            Ok(Err(HeadFail::Interim)) => too_many_interim(),
                             Err(_) => {
                                 slot.suspect();
                                 timed_out("no response head in time")
@@ -756,7 +834,6 @@ pub(super) async fn proxy(
                     }
                 }
             }
-            let mut head = std::pin::pin!(FinalHead { resp, interim: 0 });
             // While the body goes up, only the call's own deadline bounds the wait for the
             // head (each body read and write has its own timeout); the response timeout runs
             // from the end of the body, as for an HTTP/1.1 upstream.
@@ -781,11 +858,7 @@ pub(super) async fn proxy(
                     timed_out("no response head in time")
                 }
                 Some(Err(HeadFail::H2(e))) => reset(e),
-                Some(Err(HeadFail::Interim)) => {
-                    let err = Error::new(ErrorKind::UpstreamInvalid, Side::Upstream);
-                    let err = err.with_cause("too many interim responses");
-                    Attempt::Failed(err, FailureClass::Invalid)
-                }
+                Some(Err(HeadFail::Interim)) => too_many_interim(),
                 Some(Ok(r)) => Attempt::Response(r, slot),
             };
             let duplex = match body {
