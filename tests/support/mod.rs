@@ -574,9 +574,11 @@ pub fn assert_no_delayed_ack(times: &[Duration]) {
     assert_eq!(slow, 0, "exchanges slowed by a delayed ACK: {times:?}");
 }
 
-/// A port on which nothing listens (bound then released).
+/// A port on which nothing listens (bound then released), on 127.0.0.2: every other
+/// socket of the tests is on 127.0.0.1, so a test running beside this one cannot be given
+/// the released port for a listener of its own (which made a "closed" upstream answer 200).
 pub fn closed_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l = TcpListener::bind("127.0.0.2:0").unwrap();
     l.local_addr().unwrap()
 }
 
