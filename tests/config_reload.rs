@@ -483,6 +483,9 @@ fn the_admin_listener_refuses_browsers_and_trickling_clients() {
     assert!(cut < Duration::from_secs(8), "cut off after {cut:?}");
     // The admin thread serves others again.
     assert_eq!(support::admin(admin, "GET", "/-/upstreams").0, 200);
+    // A request line beyond 4 KiB is a URI too long.
+    let long = format!("/-/{}", "a".repeat(5000));
+    assert_eq!(support::admin(admin, "GET", &long).0, 414);
     assert_eq!(support::admin(admin, "POST", "/-/upstreams").0, 405);
     server.shutdown();
     server.join();

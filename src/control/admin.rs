@@ -179,6 +179,10 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
                 reply(&mut stream, 431, "{\"error\":{\"code\":\"head_too_large\",\"message\":\"admin request head too large\"}}");
                 return;
             }
+            Err(crate::http1::head::ParseError::UriTooLong) => {
+                reply(&mut stream, 414, "{\"error\":{\"code\":\"uri_too_long\",\"message\":\"admin request line too long\"}}");
+                return;
+            }
             _ => {
                 reply(&mut stream, 400, "{\"error\":{\"code\":\"bad_request\",\"message\":\"malformed admin request\"}}");
                 return;
