@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 
-use super::state::EndpointState;
+use super::state::{ConnectionSlot, EndpointState};
 use super::ConnectError;
 use crate::net;
 
@@ -66,7 +66,7 @@ struct Shared {
 async fn handshake<T>(
     io: T,
     limits: &Limits,
-    state: Arc<EndpointState>,
+    slot: ConnectionSlot,
 ) -> Result<(SendRequest<Bytes>, Rc<Shared>), std::io::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
@@ -99,6 +99,8 @@ where
     let s = shared.clone();
     let (every, patience, idle) = (limits.keepalive, limits.connect_timeout, limits.idle);
     drop(crate::worker::runtime::spawn_isolated(async move {
+        // Given back when the driver ends, or if it panics (its task drops it then).
+        let slot = slot;
         match drive(connection, ping, &s, every, patience, idle).await {
             Ok(()) => {}
             Err(Ended::Error(e)) => {
@@ -110,7 +112,7 @@ where
         }
         s.closed.set(true);
         s.driver.borrow_mut().take();
-        state.close_connection();
+        drop(slot);
     }));
     Ok((send, shared))
 }
@@ -443,7 +445,7 @@ impl H2Pool {
         if let Some(p) = pick {
             return Ok(p);
         }
-        if !state.open_connection(max_conns_total) {
+        let Some(slot) = ConnectionSlot::take(state, max_conns_total) else {
             // At the endpoint's connection cap (across workers): share a connection this
             // worker has, h2 queues the stream until the peer allows it; refuse only with none.
             let conns = self.conns.borrow();
@@ -454,14 +456,14 @@ impl H2Pool {
                 Some(c) if may_queue(c) => Ok(c.take_stream()),
                 _ => Err(ConnectError::Busy),
             };
-        }
+        };
         let _connecting = Connecting::new(&self.connecting);
         // One `connect_timeout` for the TCP connect and the TLS handshake together.
         let started = std::time::Instant::now();
         let tcp = match net::connect(addr, connect_timeout).await {
             Ok(s) => s,
             Err(e) => {
-                state.close_connection();
+                // (`slot` is given back as this returns, here and on every failure below.)
                 return Err(if e.kind() == std::io::ErrorKind::TimedOut {
                     ConnectError::TimedOut
                 } else {
@@ -470,7 +472,6 @@ impl H2Pool {
             }
         };
         let failed = |e: std::io::Error| {
-            state.close_connection();
             if e.kind() == std::io::ErrorKind::TimedOut {
                 ConnectError::TimedOut
             } else {
@@ -480,7 +481,7 @@ impl H2Pool {
         let handshake = match tls {
             None => {
                 let io = tcp.try_into_poll_io().map_err(|(e, _)| failed(e))?;
-                handshake(io, &limits, state.clone()).await
+                handshake(io, &limits, slot).await
             }
             Some(tls) => {
                 let left = connect_timeout.saturating_sub(started.elapsed());
@@ -499,7 +500,7 @@ impl H2Pool {
                 handshake(
                     crate::h2::io::PollTls::new(io, conn, pending),
                     &limits,
-                    state.clone(),
+                    slot,
                 )
                 .await
             }

@@ -537,13 +537,13 @@ impl UpstreamRt {
                 return Ok(conn);
             }
         }
-        if !ep.state.open_connection(self.cfg.max_connections) {
+        let Some(slot) = state::ConnectionSlot::take(&ep.state, self.cfg.max_connections) else {
             return Err(ConnectError::Busy);
-        }
+        };
         // Boxed: a connect's state (the TCP connect and a TLS handshake, about 3 KiB) would
         // otherwise be part of every request's state, where a pooled connection, the common
         // case, leaves it unused; one allocation per new connection instead.
-        Box::pin(self.open(ep)).await
+        Box::pin(self.open(ep, slot)).await
     }
 
     /// A usable pooled connection to `ep`, if there is one (see [`Self::connect`]).
@@ -560,11 +560,15 @@ impl UpstreamRt {
         None
     }
 
-    /// A new connection to `ep`, whose slot under the connection limit is taken already.
-    async fn open(&self, ep: &EndpointRt) -> Result<UpConn, ConnectError> {
+    /// A new connection to `ep`, on `slot` under the connection limit.
+    async fn open(
+        &self,
+        ep: &EndpointRt,
+        slot: state::ConnectionSlot,
+    ) -> Result<UpConn, ConnectError> {
         let stats = self.shared.stats(self.worker);
-        // The slot now belongs to the connection: `UpConn` gives it back when dropped; a
-        // failed connect gives it back here.
+        // The slot goes to the connection (`UpConn` gives it back when dropped); a failed or
+        // abandoned connect gives it back with `slot`.
         add(&stats.pool_misses, 1);
         // One `connect_timeout` for the TCP connect and the TLS handshake together.
         let started = std::time::Instant::now();
@@ -595,9 +599,12 @@ impl UpstreamRt {
             Err(e) => Err(e),
         };
         match connected {
-            Ok(c) => Ok(c),
+            Ok(c) => {
+                slot.hand_over();
+                Ok(c)
+            }
             Err(e) => {
-                ep.state.close_connection();
+                drop(slot);
                 tracing::debug!(endpoint = %ep.addr, error = %e, "upstream connect failed");
                 if e.kind() == io::ErrorKind::TimedOut {
                     Err(ConnectError::TimedOut)
@@ -772,6 +779,56 @@ mod tests {
         )
         .unwrap();
         gen.upstreams[0].clone()
+    }
+
+    /// A connect abandoned mid-way (its future dropped: a task that panicked, a worker
+    /// stopping) gives its slot under `max_connections` back, for HTTP/1.1 over TLS and for
+    /// HTTP/2: the peer here takes the TCP connection and never answers the handshake.
+    #[test]
+    fn an_abandoned_connect_gives_its_connection_slot_back() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        for keys in [
+            "max_connections = 1\ntls = { insecure_skip_verify = true }",
+            "max_connections = 1\nprotocol = \"h2c\"",
+        ] {
+            let cfg = upstream(keys);
+            let state = Arc::new(EndpointState::new(addr, Arc::from("x:1"), 1));
+            let endpoint = ResolvedEndpoint {
+                addr,
+                authority: Arc::from("x:1"),
+                weight: 1,
+                state: state.clone(),
+            };
+            let shared = Arc::new(UpstreamState::new("u", 1));
+            let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+                .enable_timer()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let up = UpstreamRt::new(&cfg, shared, &[endpoint], 0, None);
+                let ep = up.endpoints.borrow()[0].clone();
+                let slow = Duration::from_millis(100);
+                if cfg.protocol.is_h2() {
+                    // (h2's handshake does not wait for the peer: the connection is made, and
+                    // its driver task holds the slot until the runtime drops it.)
+                    let connect = up.h2_stream(&ep, 16384);
+                    let _ = monoio::time::timeout(slow, connect).await;
+                } else {
+                    let connect = up.connect(&ep, true, false, Instant::now());
+                    assert!(
+                        monoio::time::timeout(slow, connect).await.is_err(),
+                        "{keys}"
+                    );
+                }
+            });
+            drop(rt);
+            assert!(
+                state.has_connection_room(1),
+                "the slot stayed taken: {keys}"
+            );
+        }
+        drop(silent);
     }
 
     #[test]

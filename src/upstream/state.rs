@@ -277,7 +277,7 @@ impl EndpointState {
     }
 
     /// Gives a connection slot back.
-    pub fn close_connection(&self) {
+    pub(crate) fn close_connection(&self) {
         let _ = self
             .connections
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
@@ -686,6 +686,35 @@ pub fn new_histogram() -> Histogram<u64> {
     // invariant: constant, valid bounds (low >= 1, high >= 2 * low, sigfig <= 5).
     Histogram::new_with_bounds(LATENCY_RANGE_US.0, LATENCY_RANGE_US.1, 2)
         .expect("constant histogram bounds are valid")
+}
+
+/// A connection slot taken under `max_connections` for a connection being opened: given
+/// back when dropped (the connect failed, or its future was dropped or panicked mid-way),
+/// unless handed to the connection, which gives it back when it closes.
+#[derive(Debug)]
+#[must_use]
+pub struct ConnectionSlot(Option<Arc<EndpointState>>);
+
+impl ConnectionSlot {
+    /// A slot on `state` within `max` (0: unlimited), if one is free.
+    pub fn take(state: &Arc<EndpointState>, max: u32) -> Option<Self> {
+        state
+            .open_connection(max)
+            .then(|| ConnectionSlot(Some(state.clone())))
+    }
+
+    /// The connection now holds the slot (and gives it back itself).
+    pub fn hand_over(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            state.close_connection();
+        }
+    }
 }
 
 #[cfg(test)]
