@@ -325,8 +325,15 @@ fn signals() -> Result<signal_hook::iterator::Signals, ExitCode> {
     })
 }
 
-fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode {
+fn run(gen: Generation, signals: signal_hook::iterator::Signals) -> ExitCode {
     observe::log::init(&gen.log_level);
+    let code = serve(gen, signals);
+    // (Lines still queued for stderr: see `observe::log`.)
+    observe::log::flush();
+    code
+}
+
+fn serve(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode {
     let source = gen.source.clone();
     let server = match Server::start(gen) {
         Ok(s) => s,
@@ -358,6 +365,7 @@ fn run(gen: Generation, mut signals: signal_hook::iterator::Signals) -> ExitCode
                     first = false;
                 } else {
                     tracing::warn!(signal = sig, "second signal: exiting now");
+                    observe::log::flush();
                     std::process::exit(1);
                 }
             }

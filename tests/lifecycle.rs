@@ -438,3 +438,32 @@ fn sighup_reloads_the_config_file() {
     assert!(log.contains("SIGHUP: reloading the config"), "{log}");
     assert!(log.contains("config reloaded"), "{log}");
 }
+
+#[test]
+fn a_stderr_nobody_reads_does_not_stop_the_worker() {
+    // Every failed upstream attempt is logged as a warning: far more than a pipe holds
+    // (64 KiB) when nobody reads it, as a stalled log driver does not. The worker writing
+    // them must go on serving (it blocked in write(2) after a few hundred).
+    let down = closed_port();
+    let listen = free_port();
+    let path = temp_config(
+        "stderr.toml",
+        &format!(
+            "workers = 1\n[[listeners]]\naddress = \"{listen}\"\n[[upstreams]]\nname = \"down\"\n\
+             endpoints = [\"{down}\"]\nretries = {{ attempts = 1 }}\n\
+             outlier = {{ consecutive_failures = 0 }}\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"down\"\n"
+        ),
+    );
+    let _proxy = spawn(&["--config", path.to_str().unwrap()]);
+    assert!(wait_listening(listen));
+    for i in 0..2000 {
+        let mut c = Client::connect(listen);
+        c.stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        let status = c.read_response(false).map(|r| r.status);
+        assert_eq!(status, Some(502), "request {i}");
+    }
+}
