@@ -1311,3 +1311,33 @@ fn permits_return_to_zero_after_10000_requests_with_random_disconnects() {
         start.elapsed()
     );
 }
+
+#[test]
+fn endpoints_whose_checks_hang_cannot_keep_other_upstreams_from_being_checked() {
+    // 64 endpoints that take connections and never answer, as many as probes run at once,
+    // listed first; an upstream after them with one sound endpoint. Its first check comes
+    // before theirs time out (before, they took every probe thread again each time theirs
+    // ended, and it was never checked: out of rotation for good).
+    let silent: Vec<std::net::TcpListener> = (0..64)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let hung: Vec<String> = silent
+        .iter()
+        .map(|l| format!("\"{}\"", l.local_addr().unwrap()))
+        .collect();
+    let origin = Origin::ok("ok");
+    let check = "health_check = { path = \"/\", interval = \"1s\", timeout = \"3s\" }";
+    let p = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"hung\"\nendpoints = [{}]\n{check}\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n{check}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        hung.join(", "),
+        origin.addr
+    ));
+    assert!(
+        health_becomes(&p, origin.addr, 1.0),
+        "the sound endpoint was never checked"
+    );
+    assert_eq!(p.connect().get("/").status, 200);
+    drop(silent);
+}

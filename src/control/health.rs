@@ -9,7 +9,9 @@
 //!
 //! Probes block (std sockets with timeouts), so they run off the control loop, where they
 //! would hold up reloads: each on a thread of its own, which sends its result back to the
-//! health thread. One slow endpoint delays no other endpoint's checks.
+//! health thread. At most [`PROBE_THREADS`] run at a time, those due longest first: endpoints
+//! whose probes run to their timeouts slow the others' checks down, but cannot keep them
+//! from being checked.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -58,9 +60,9 @@ type Outcome = (
 /// Runs health checks until `stop` is set.
 ///
 /// Each probe runs on a thread of its own (at most [`PROBE_THREADS`] at a time) and sends
-/// its result back; the loop applies what came in, then starts what is due. A slow endpoint
-/// (a probe that runs to its timeout) delays only its own next probe: every other endpoint
-/// keeps its interval.
+/// its result back; the loop applies what came in, then starts what is due, longest due
+/// first. A slow endpoint (a probe that runs to its timeout) delays its own next probe, and
+/// while threads are free no other endpoint's.
 pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tracks: HashMap<usize, Track> = HashMap::new();
     let (results_tx, results) = std::sync::mpsc::channel::<Outcome>();
@@ -77,6 +79,11 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         let now = Instant::now();
         // Endpoints still checked (a set: thousands of endpoints are looked up every round).
         let mut seen = std::collections::HashSet::new();
+        // Probes due: (when, upstream, endpoint), started longest due first, so that probes
+        // that run to their timeouts (an upstream whose endpoints hang) cannot keep taking
+        // every thread from endpoints listed after them: a freed thread goes to the probe
+        // that has waited longest.
+        let mut due: Vec<(Option<Instant>, usize, usize)> = Vec::new();
         for (i, cfg) in published.gen.upstreams.iter().enumerate() {
             let endpoints = published.endpoints.get(i).map(Vec::as_slice).unwrap_or(&[]);
             let Some(hc) = &cfg.health_check else {
@@ -86,7 +93,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 }
                 continue;
             };
-            for ep in endpoints {
+            for (j, ep) in endpoints.iter().enumerate() {
                 let key = Arc::as_ptr(&ep.state) as usize;
                 seen.insert(key);
                 let t = tracks.entry(key).or_insert_with(|| Track {
@@ -96,32 +103,46 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                     successes: 0,
                     failures: 0,
                 });
-                let due = !t.probing && t.last.is_none_or(|last| now >= last + hc.interval);
-                // (One due while all probe threads are busy stays due for the next round.)
-                if !due || running >= PROBE_THREADS {
-                    continue;
+                let since = t.last.map(|last| last + hc.interval);
+                if !t.probing && since.is_none_or(|at| now >= at) {
+                    due.push((since, i, j));
                 }
-                let (addr, authority, hc) = (ep.addr, ep.authority.clone(), hc.clone());
-                let (name, tls, tx) = (cfg.name.clone(), cfg.tls.clone(), results_tx.clone());
-                let state = t.state.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("ringway-probe".into())
-                    .spawn(move || {
-                        let result = probe(addr, &authority, &hc, tls.as_deref());
-                        // (The loop may be gone: a shutdown does not wait for probes.)
-                        let _ = tx.send((state, addr, hc, name, result));
-                    });
-                t.last = Some(now);
-                match spawned {
-                    Ok(_) => {
-                        t.probing = true;
-                        running += 1;
-                    }
-                    // A thread the system refuses (a pids limit) says nothing about the
-                    // endpoint: no result (tried again at its next interval).
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
-                    }
+            }
+        }
+        // (Never probed first: `None` sorts before any time.)
+        due.sort_unstable_by_key(|&(since, ..)| since);
+        // (Those due beyond the free threads stay due for the next round.)
+        for (_, i, j) in due.into_iter().take(PROBE_THREADS.saturating_sub(running)) {
+            let (Some(cfg), Some(ep)) = (
+                published.gen.upstreams.get(i),
+                published.endpoints.get(i).and_then(|e| e.get(j)),
+            ) else {
+                continue;
+            };
+            let key = Arc::as_ptr(&ep.state) as usize;
+            let (Some(hc), Some(t)) = (&cfg.health_check, tracks.get_mut(&key)) else {
+                continue;
+            };
+            let (addr, authority, hc) = (ep.addr, ep.authority.clone(), hc.clone());
+            let (name, tls, tx) = (cfg.name.clone(), cfg.tls.clone(), results_tx.clone());
+            let state = t.state.clone();
+            let spawned = std::thread::Builder::new()
+                .name("ringway-probe".into())
+                .spawn(move || {
+                    let result = probe(addr, &authority, &hc, tls.as_deref());
+                    // (The loop may be gone: a shutdown does not wait for probes.)
+                    let _ = tx.send((state, addr, hc, name, result));
+                });
+            t.last = Some(now);
+            match spawned {
+                Ok(_) => {
+                    t.probing = true;
+                    running += 1;
+                }
+                // A thread the system refuses (a pids limit) says nothing about the
+                // endpoint: no result (tried again at its next interval).
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread for a health probe; it is tried again at its next interval");
                 }
             }
         }
