@@ -192,8 +192,9 @@ struct Writer {
     /// A file whose last write stopped part-way through a line (a full disk): the next write
     /// to it ends that line first, so that its first line starts on a line of its own.
     /// (Ended at once, the newline would fail as the write did, or leave a blank line when
-    /// no byte of the batch had gone out.)
-    torn: Option<Arc<LogFile>>,
+    /// no byte of the batch had gone out.) Weak: a file rotated away closes when its last
+    /// batch is written, torn or not (deleted, its space is given back).
+    torn: Option<std::sync::Weak<LogFile>>,
 }
 
 impl Writer {
@@ -201,7 +202,7 @@ impl Writer {
         let end_torn = self
             .torn
             .as_ref()
-            .is_some_and(|t| Arc::ptr_eq(t, &batch.file));
+            .is_some_and(|t| std::ptr::eq(t.as_ptr(), Arc::as_ptr(&batch.file)));
         let (ended, written, result) = write_batch(&batch.file.file, end_torn, &batch.bytes);
         if ended {
             self.torn = None;
@@ -209,7 +210,7 @@ impl Writer {
         if let Err(e) = result {
             errors.fetch_add(1, Ordering::Relaxed);
             if written > 0 && !batch.bytes[..written].ends_with(b"\n") {
-                self.torn = Some(batch.file.clone());
+                self.torn = Some(Arc::downgrade(&batch.file));
             }
             let now = Instant::now();
             if self
@@ -709,6 +710,31 @@ mod tests {
         let _ = reader.read_to_end(&mut rest);
         assert_eq!(rest, b"\nbbbbbbbbbb\ncccccccccc\n");
         assert_eq!(errors.load(Ordering::Relaxed), 1);
+        // Torn again, then rotated away (the log reopened on another file): the writer does
+        // not keep it open, so its reader sees its end once the gatherers let go of it.
+        w.write(&big, &errors);
+        let _ = reader.read_to_end(&mut Vec::new());
+        drop(big);
+        drop(file);
+        let other = Batch {
+            file: Arc::new(LogFile {
+                file: File::create(
+                    std::env::temp_dir().join(format!("ringway-torn-{}.log", std::process::id())),
+                )
+                .unwrap(),
+                path: "other".into(),
+            }),
+            bytes: line(10, b'd'),
+        };
+        w.write(&other, &errors);
+        let mut tail = Vec::new();
+        assert!(
+            reader.read_to_end(&mut tail).is_ok(),
+            "the rotated file's write end is still open"
+        );
+        let _ = std::fs::remove_file(
+            std::env::temp_dir().join(format!("ringway-torn-{}.log", std::process::id())),
+        );
     }
 
     #[test]
