@@ -411,18 +411,36 @@ impl Control {
         let Some(cfg) = &current.gen.access_log else {
             return Ok(());
         };
-        let file = access_log::open(&cfg.path)?;
-        let book = StateBook::new(Some(&current), self.shared.workers);
-        self.shared.publish(
-            Published::new(
+        let path = cfg.path.clone();
+        let file = access_log::open(&path)?;
+        // Over the generation in force, unless the DNS thread published new endpoints
+        // meanwhile: then over those (publishing the ones loaded here would bring back the
+        // addresses it just replaced, until its next refresh).
+        let mut current = current;
+        loop {
+            let book = StateBook::new(Some(&current), self.shared.workers);
+            let next = Published::new(
                 current.number,
                 current.gen.clone(),
                 (*current.endpoints).clone(),
                 &book,
             )
-            .with_access_log(Some(file)),
-        );
-        tracing::info!(path = %cfg.path.display(), "access log reopened");
+            .with_access_log(Some(file.clone()));
+            if self.shared.publish_over(&current, next) {
+                break;
+            }
+            current = self.shared.published.load_full();
+            if current
+                .gen
+                .access_log
+                .as_ref()
+                .is_none_or(|c| c.path != path)
+            {
+                // A reload came between: it opened its own log.
+                return Ok(());
+            }
+        }
+        tracing::info!(path = %path.display(), "access log reopened");
         Ok(())
     }
 }
