@@ -393,7 +393,7 @@ impl RateLimitConfig {
 pub struct HealthCheckConfig {
     /// Path probed with GET.
     pub path: String,
-    /// Status that counts as healthy (0: any 2xx).
+    /// Status that counts as healthy (0: any 2xx or 3xx).
     pub expect_status: u16,
     /// Time between probes of one endpoint.
     pub interval: Duration,

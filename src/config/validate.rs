@@ -989,7 +989,7 @@ fn compile_health_check(
         Some(s) => {
             return Err(ctx.error(
                 s.span(),
-                "health_check.expect_status must be a status code, or 0 for any 2xx",
+                "health_check.expect_status must be a status code, or 0 for any 2xx or 3xx",
             ))
         }
     };

@@ -2,10 +2,10 @@
 //!
 //! One control-side thread (`ringway-health`) probes every endpoint of every upstream with a
 //! `health_check`: `GET path` over a new connection, healthy when the status is the expected
-//! one (any 2xx by default) within the timeout. After `unhealthy_threshold` failures in a row
-//! the endpoint's shared `healthy` flag goes down, after `healthy_threshold` successes in a row
-//! it comes back (and any passive-health ejection is lifted: the endpoint proved itself).
-//! Workers read the flag with one relaxed load when they pick.
+//! one (any 2xx or 3xx by default) within the timeout. After `unhealthy_threshold` failures
+//! in a row the endpoint's shared `healthy` flag goes down, after `healthy_threshold`
+//! successes in a row it comes back (and any passive-health ejection is lifted: the endpoint
+//! proved itself). Workers read the flag with one relaxed load when they pick.
 //!
 //! Probes block (std sockets with timeouts), so they run off the control loop, where they
 //! would hold up reloads: each on a thread of its own, which sends its result back to the
@@ -259,9 +259,14 @@ fn exchange<S: Read + Write>(
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut buf = [0u8; MAX_STATUS_LINE];
     let mut len = 0;
+    // (A status line may end in a bare LF: RFC 9112 §2.2 lets a recipient take it.)
     let line_end = loop {
-        if let Some(i) = buf[..len].windows(2).position(|w| w == b"\r\n") {
-            break i;
+        if let Some(i) = buf[..len].iter().position(|&b| b == b'\n') {
+            break if i > 0 && buf[i - 1] == b'\r' {
+                i - 1
+            } else {
+                i
+            };
         }
         if len == buf.len() {
             return Err("status line too long".into());
@@ -273,8 +278,10 @@ fn exchange<S: Read + Write>(
         }
     };
     let status = parse_status(&buf[..line_end]).ok_or("invalid status line")?;
+    // Any 2xx or 3xx by default, as HAProxy's and nginx's checks take them (a `/` that
+    // redirects to a login page is up).
     let ok = if hc.expect_status == 0 {
-        (200..300).contains(&status)
+        (200..400).contains(&status)
     } else {
         status == hc.expect_status
     };
@@ -300,6 +307,53 @@ fn parse_status(line: &[u8]) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that answers one probe with `response` and closes.
+    fn answering(response: &'static [u8]) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req);
+            let _ = s.write_all(response);
+        });
+        addr
+    }
+
+    #[test]
+    fn any_2xx_or_3xx_passes_by_default_and_a_bare_lf_ends_the_status_line() {
+        let hc = |expect_status: u16| HealthCheckConfig {
+            expect_status,
+            ..crate::config::compile(
+                "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\n\
+                 endpoints = [\"127.0.0.1:1\"]\nhealth_check = {}\n",
+                "t",
+            )
+            .unwrap()
+            .upstreams[0]
+                .health_check
+                .clone()
+                .unwrap()
+        };
+        for (response, expect, passes) in [
+            (&b"HTTP/1.1 204 No Content\r\n\r\n"[..], 0, true),
+            (b"HTTP/1.1 302 Found\r\nLocation: /login\r\n\r\n", 0, true),
+            (b"HTTP/1.1 200 OK\n\n", 0, true),
+            (b"HTTP/1.1 404 Not Found\r\n\r\n", 0, false),
+            (b"HTTP/1.1 503 Unavailable\r\n\r\n", 0, false),
+            (b"HTTP/1.1 302 Found\r\n\r\n", 200, false),
+        ] {
+            let addr = answering(response);
+            let result = probe(addr, "x", &hc(expect), None);
+            assert_eq!(
+                result.is_ok(),
+                passes,
+                "{:?}: {result:?}",
+                String::from_utf8_lossy(response)
+            );
+        }
+    }
 
     #[test]
     fn status_lines() {
