@@ -389,6 +389,8 @@ fn worker_thread(
     }));
     if served.is_err() {
         tracing::error!(worker = id, "the worker's event loop panicked; exiting");
+        // (The line is queued for the log's writer thread: written out before the exit.)
+        crate::observe::log::flush();
         std::process::exit(70);
     }
 }

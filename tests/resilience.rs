@@ -1315,9 +1315,9 @@ fn permits_return_to_zero_after_10000_requests_with_random_disconnects() {
 #[test]
 fn endpoints_whose_checks_hang_cannot_keep_other_upstreams_from_being_checked() {
     // 64 endpoints that take connections and never answer, as many as probes run at once,
-    // listed first; an upstream after them with one sound endpoint. Its first check comes
-    // before theirs time out (before, they took every probe thread again each time theirs
-    // ended, and it was never checked: out of rotation for good).
+    // listed first; an upstream after them with one sound endpoint. Its first check comes at
+    // once, among the first endpoints of each upstream (before, they took every probe thread
+    // again each time theirs ended, and it was never checked: out of rotation for good).
     let silent: Vec<std::net::TcpListener> = (0..64)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();

@@ -197,7 +197,9 @@ fn handle(mut stream: TcpStream, shared: &Shared, commands: &Sender<Command>) {
     // is refused as well. (An admin listener bound elsewhere is reachable without a browser's
     // help, and scrapers name it as they please.) Refusing them keeps web pages from
     // reloading, draining, or reading the endpoint list through a loopback port.
-    let on_loopback = stream.local_addr().is_ok_and(|a| a.ip().is_loopback());
+    let on_loopback = stream
+        .local_addr()
+        .is_ok_and(|a| a.ip().to_canonical().is_loopback());
     let from_browser = head.headers.iter().any(|h| {
         let name = h.name.get(&buf[..parsed]);
         name.eq_ignore_ascii_case(b"origin")

@@ -109,8 +109,10 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 }
             }
         }
-        // (Never probed first: `None` sorts before any time.)
-        due.sort_unstable_by_key(|&(since, ..)| since);
+        // (Never probed first: `None` sorts before any time; among equals, the first endpoint
+        // of every upstream, then the second of each...: one upstream's long list does not
+        // go before every other upstream's.)
+        due.sort_unstable_by_key(|&(since, i, j)| (since, j, i));
         // (Those due beyond the free threads stay due for the next round.)
         for (_, i, j) in due.into_iter().take(PROBE_THREADS.saturating_sub(running)) {
             let (Some(cfg), Some(ep)) = (

@@ -49,6 +49,10 @@ pub fn flush() {
     if !guard.is_null() {
         // SAFETY: the pointer came from `Box::into_raw` in `init`, stored once; the swap
         // takes it out, so it is turned back into a box exactly once.
-        drop(unsafe { Box::from_raw(guard) });
+        let guard = unsafe { Box::from_raw(guard) };
+        // The guard waits for the writer (at most about a second) and, when the queue is full
+        // (a stderr that stalled), says so with `println!`, which panics on a closed stdout:
+        // an exit is not to be turned into a crash for that.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(guard)));
     }
 }

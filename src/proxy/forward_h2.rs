@@ -346,7 +346,8 @@ impl FinalHead {
             match self.resp.poll_informational(cx) {
                 Poll::Ready(Some(Ok(r))) => {
                     self.interim += 1;
-                    if relayed_interim(r.status().as_u16()) {
+                    if self.interim <= MAX_INTERIM_RESPONSES && relayed_interim(r.status().as_u16())
+                    {
                         self.held.push_back(r);
                     }
                 }
@@ -728,8 +729,9 @@ pub(super) async fn proxy(
             // A call with a grpc-timeout tells the upstream the time it has left (after the
             // queue, earlier attempts and their backoffs), as gRPC servers expect of a proxy:
             // the whole call's, which a streaming call spends long after its response head.
-            // An explicit `per_try_timeout` caps it; `response_timeout` does not (it bounds
-            // only the wait for the head). Read off the clock, not the worker's tick: short
+            // An explicit `per_try_timeout` caps it, as Envoy caps it (the operator's bound on
+            // one attempt, set knowing the calls it serves); `response_timeout`, a default
+            // that bounds only the wait for the head, does not. Read off the clock, not the worker's tick: short
             // deadlines are common. A call whose deadline passed before it could be sent is
             // not sent.
             let grpc_timeout = plan.grpc_deadline.map(|g| {

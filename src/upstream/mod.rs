@@ -782,8 +782,9 @@ mod tests {
     }
 
     /// A connect abandoned mid-way (its future dropped: a task that panicked, a worker
-    /// stopping) gives its slot under `max_connections` back, for HTTP/1.1 over TLS and for
-    /// HTTP/2: the peer here takes the TCP connection and never answers the handshake.
+    /// stopping) gives its slot under `max_connections` back: HTTP/1.1 over TLS, whose
+    /// handshake the silent peer here never answers; and an HTTP/2 connection whose driver
+    /// task is dropped (h2's handshake does not wait for the peer).
     #[test]
     fn an_abandoned_connect_gives_its_connection_slot_back() {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
