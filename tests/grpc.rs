@@ -955,12 +955,10 @@ where
     })
 }
 
-#[test]
-fn requests_queued_behind_long_streams_time_out_without_blaming_the_upstream() {
-    // The origin takes one stream at a time and holds the first (a watch, say); requests
-    // queued behind it never reach it. Their timeouts are no failures of the upstream's:
-    // before, two of them in a row had it ejected, healthy as it was.
-    let origin = one_stream_origin(|req, mut respond| async move {
+/// An h2c origin taking one stream at a time: `/hold` gets its head at once and the end of
+/// its body 4 s later (a watch, say); anything else is `serve_big_or_small`.
+fn holding_origin() -> SocketAddr {
+    one_stream_origin(|req, mut respond| async move {
         if req.uri().path() != "/hold" {
             return serve_big_or_small(req, respond).await;
         }
@@ -970,7 +968,15 @@ fn requests_queued_behind_long_streams_time_out_without_blaming_the_upstream() {
         };
         tokio::time::sleep(Duration::from_secs(4)).await;
         let _ = send.send_data(Bytes::from_static(b"held"), true);
-    });
+    })
+}
+
+#[test]
+fn requests_queued_behind_long_streams_time_out_without_blaming_the_upstream() {
+    // The origin takes one stream at a time and holds the first (a watch, say); requests
+    // queued behind it never reach it. Their timeouts are no failures of the upstream's:
+    // before, two of them in a row had it ejected, healthy as it was.
+    let origin = holding_origin();
     let proxy = proxy_to_h2_with(
         origin,
         "response_timeout = \"300ms\"\noutlier = { consecutive_failures = 2 }",
@@ -999,20 +1005,8 @@ fn requests_queued_behind_long_streams_time_out_without_blaming_the_upstream() {
 
 #[test]
 fn a_body_waiting_for_a_stream_slot_counts_against_the_response_timeout() {
-    // The origin takes one stream at a time; the first is held for 3 s (its head comes at
-    // once, its body's end 3 s later).
-    let origin = one_stream_origin(|req, mut respond| async move {
-        if req.uri().path() != "/hold" {
-            return serve_big_or_small(req, respond).await;
-        }
-        // The head at once, the end of the body 3 s later.
-        let resp = http::Response::builder().status(200).body(()).unwrap();
-        let Ok(mut send) = respond.send_response(resp, false) else {
-            return;
-        };
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let _ = send.send_data(Bytes::from_static(b"held"), true);
-    });
+    // The origin takes one stream at a time; `/hold` is held for 4 s.
+    let origin = holding_origin();
     let proxy = proxy_to_h2_with(origin, "response_timeout = \"1s\"");
     let mut a = Client::connect(proxy.addr);
     a.send(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
