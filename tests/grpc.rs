@@ -1898,7 +1898,64 @@ fn streams_queued_behind_the_upstream_limit_are_bounded() {
     assert!(results[2].2 < Duration::from_millis(1400), "{results:?}");
 }
 
-/// An HTTP/1.1 client with Nagle's algorithm on that writes its request head and body apart,
+#[test]
+fn a_call_waiting_for_a_stream_ends_at_its_own_deadline() {
+    // One connection, one stream at a time: one request holds it, one more is queued on it
+    // behind the limit, and a call with a 300 ms deadline waits in line for a stream. It is
+    // answered DEADLINE_EXCEEDED at its deadline, not UNAVAILABLE at `connect_timeout`.
+    let proxy = proxy_to_h2_with(holding_origin(), "connect_timeout = \"5s\"");
+    let holders: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = proxy.addr;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100 * i));
+                Client::connect(addr).get("/hold").status
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    let (status, headers, .., took, _) = rt().block_on(call(
+        proxy.addr,
+        "/echo.Svc/Unary",
+        &frame(b"x"),
+        Some("300m"),
+    ));
+    assert_eq!(
+        (
+            status,
+            headers.get("grpc-status").map(|v| v.to_str().unwrap())
+        ),
+        (200, Some("4")),
+        "{headers:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    for h in holders {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    assert_no_upstream_failures(proxy.addr);
+}
+
+#[test]
+fn a_call_whose_upstream_connect_timed_out_is_unavailable() {
+    // The call never reached a server: UNAVAILABLE, the code a client may retry on, not
+    // DEADLINE_EXCEEDED (which tells it its own deadline passed).
+    let hole = unanswering();
+    let proxy = proxy_to_h2_with(hole.addr, "connect_timeout = \"300ms\"");
+    let (status, headers, ..) =
+        rt().block_on(call(proxy.addr, "/echo.Svc/Unary", &frame(b"x"), None));
+    assert_eq!(
+        (
+            status,
+            headers.get("grpc-status").map(|v| v.to_str().unwrap())
+        ),
+        (200, Some("14")),
+        "{headers:?}"
+    );
+}
+
 /// on a keep-alive connection, to an HTTP/2 upstream: ringway acknowledges the head at once,
 /// so the body does not wait for a delayed ACK (up to 40 ms on Linux).
 #[test]

@@ -78,11 +78,12 @@ pub fn encode_message(message: &str) -> std::borrow::Cow<'_, [u8]> {
 }
 
 /// The gRPC status code for a gateway error (the gRPC-over-HTTP mapping, with ringway's own
-/// timeouts as DEADLINE_EXCEEDED).
+/// timeouts for a response as DEADLINE_EXCEEDED). A connect that timed out is UNAVAILABLE: the
+/// call never reached a server, and UNAVAILABLE is the code clients may retry on.
 pub fn status_for(kind: ErrorKind) -> u8 {
     match kind {
-        ErrorKind::UpstreamTimeout | ErrorKind::UpstreamConnectTimeout => 4, // DEADLINE_EXCEEDED
-        ErrorKind::NoRoute => 12,                                            // UNIMPLEMENTED
+        ErrorKind::UpstreamTimeout => 4, // DEADLINE_EXCEEDED
+        ErrorKind::NoRoute => 12,        // UNIMPLEMENTED
         ErrorKind::BodyTooLarge | ErrorKind::HeadTooLarge | ErrorKind::UriTooLong => 8, // RESOURCE_EXHAUSTED
         ErrorKind::BadRequest
         | ErrorKind::ExpectationFailed
@@ -92,6 +93,7 @@ pub fn status_for(kind: ErrorKind) -> u8 {
         ErrorKind::Misdirected => 7, // PERMISSION_DENIED
         ErrorKind::RequestTimeout | ErrorKind::ClientClosed => 1, // CANCELLED
         ErrorKind::UpstreamConnect
+        | ErrorKind::UpstreamConnectTimeout
         | ErrorKind::UpstreamClosed
         | ErrorKind::UpstreamInvalid
         | ErrorKind::ShuttingDown
@@ -205,5 +207,6 @@ mod tests {
         }
         assert_eq!(status_for(ErrorKind::UpstreamTimeout), 4);
         assert_eq!(status_for(ErrorKind::CircuitOpen), 14);
+        assert_eq!(status_for(ErrorKind::UpstreamConnectTimeout), 14);
     }
 }

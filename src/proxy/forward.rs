@@ -395,11 +395,13 @@ fn resendable(info: &ReqInfo, body: &BodyPlan) -> bool {
 }
 
 /// Why no connection was had for an attempt.
-enum AcquireFail {
+pub(super) enum AcquireFail {
     /// No endpoint in rotation.
     NoEndpoints,
     /// All busy and the queue full, or the wait ran out.
     Saturated,
+    /// The request's own deadline passed while it waited (its total timeout).
+    Deadline,
     /// Connecting to the picked endpoint failed.
     Connect(InFlight, Error),
     /// The client went while the request waited for a connection.
@@ -407,7 +409,8 @@ enum AcquireFail {
 }
 
 /// Picks an endpoint and gets a connection to it; waits (as one of `max_pending`) while
-/// every endpoint is at its connection limit, unless the client goes (`gone`). With the
+/// every endpoint is at its connection limit, unless the client goes (`gone`) or the request's
+/// own deadline (`by`) passes first. With the
 /// connection comes when the endpoint was picked (its latency counts from there: a connect
 /// is the endpoint's, a wait for a slot is not).
 async fn acquire(
@@ -417,8 +420,9 @@ async fn acquire(
     replayable: bool,
     tried: &mut Tried,
     gone: Option<&ClientGone<'_>>,
+    by: Instant,
 ) -> Result<(InFlight, UpConn, Instant), AcquireFail> {
-    let mut wait = SlotWait::default();
+    let mut wait = SlotWait::by(by);
     loop {
         let now = Instant::now();
         match wait.pick(up, key, tried, w, now) {
@@ -446,6 +450,7 @@ async fn acquire(
         match wait.wait(w, up, gone).await {
             Waited::Again => {}
             Waited::GiveUp => return Err(AcquireFail::Saturated),
+            Waited::Deadline => return Err(AcquireFail::Deadline),
             Waited::ClientGone => return Err(AcquireFail::ClientGone),
         }
     }
@@ -455,8 +460,10 @@ async fn acquire(
 pub(super) enum Waited {
     /// Look for a connection again.
     Again,
-    /// The queue is full, or the wait ran out.
+    /// The queue is full, or the wait ran out (`connect_timeout`).
     GiveUp,
+    /// The request's own deadline passed first.
+    Deadline,
     /// The client went meanwhile: the request is dropped, not sent.
     ClientGone,
 }
@@ -479,7 +486,9 @@ pub(super) fn queue_watch<'a>(
 
 /// A request's wait for a connection while every endpoint is at its limit: in this worker's
 /// line for the upstream (first come, first served: [`crate::upstream::WaitQueue`]) within
-/// `max_pending`, up to `connect_timeout`. The first in line looks again when a request to the
+/// `max_pending`, up to `connect_timeout` or the request's own deadline, whichever comes
+/// first (a request whose total timeout or gRPC deadline passed in line is answered then, not
+/// when the line would have let it go). The first in line looks again when a request to the
 /// upstream ends here, and every [`PENDING_POLL`] (connections free up on any worker).
 /// HTTP/1.1 and HTTP/2 upstreams wait alike.
 #[derive(Default)]
@@ -490,14 +499,25 @@ pub(super) struct SlotWait<'a> {
     pending: Option<Pending<'a>>,
     /// Its place in line, given up when it picks.
     place: Option<Place<'a>>,
-    /// When the wait ends: `connect_timeout` after the request first joined the line.
+    /// When the wait ends: `connect_timeout` after the request first joined the line, or
+    /// `by`.
     until: Option<Instant>,
+    /// The request's own deadline.
+    by: Option<Instant>,
     /// It left the line with an endpoint that then had no connection to spare after all
     /// (another worker took it): it goes back to the front.
     lost: bool,
 }
 
 impl<'a> SlotWait<'a> {
+    /// A wait that ends by `by` at the latest.
+    pub(super) fn by(by: Instant) -> Self {
+        SlotWait {
+            by: Some(by),
+            ..SlotWait::default()
+        }
+    }
+
     /// Picks an endpoint, unless requests on this worker waited before this one (`None`: it
     /// waits its turn). A pick takes the request out of line.
     pub(super) fn pick(
@@ -536,11 +556,18 @@ impl<'a> SlotWait<'a> {
         up: &'a UpstreamRt,
         gone: Option<&ClientGone<'_>>,
     ) -> Waited {
-        let until = *self
-            .until
-            .get_or_insert_with(|| w.now() + up.cfg.connect_timeout);
-        if w.now() >= until {
-            return Waited::GiveUp;
+        let by = self.by;
+        let until = *self.until.get_or_insert_with(|| {
+            let t = w.now() + up.cfg.connect_timeout;
+            by.map_or(t, |b| b.min(t))
+        });
+        let now = w.now();
+        if now >= until {
+            return if by.is_some_and(|b| b <= now) {
+                Waited::Deadline
+            } else {
+                Waited::GiveUp
+            };
         }
         if self.pending.is_none() {
             let max = up.cfg.max_pending;
@@ -763,7 +790,16 @@ pub(super) async fn proxy(
         let replayable = resendable(info, &body);
         let streamed = matches!(body, BodyPlan::Streamed);
         let gone = queue_watch(w, cg, conn, streamed);
-        let acquired = acquire(w, up, key, replayable, &mut tried, gone.as_ref()).await;
+        let acquired = acquire(
+            w,
+            up,
+            key,
+            replayable,
+            &mut tried,
+            gone.as_ref(),
+            total_deadline,
+        )
+        .await;
         drop(gone);
         let (inflight, upc, started) = match acquired {
             Ok(x) => {
@@ -786,6 +822,10 @@ pub(super) async fn proxy(
                 conn.consume_head(head_len);
                 let err = Error::new(ErrorKind::UpstreamSaturated, Side::Internal);
                 return fail(w, cg, conn, info, err, !bstate.done).await;
+            }
+            Err(AcquireFail::Deadline) => {
+                conn.consume_head(head_len);
+                return fail(w, cg, conn, info, unsent_timeout(), !bstate.done).await;
             }
             Err(AcquireFail::Connect(inflight, err)) => {
                 let ep = inflight.endpoint().clone();

@@ -22,8 +22,8 @@ use monoio::io::AsyncReadRent;
 
 use super::forward::{
     backoff, cancelled, fail, forwarding, interim_head, log_upstream, record, relayed_interim,
-    rewrite_target, upstream_host, write_interim, BodyPlan, Retry, RetrySlot, SlotWait, Ticket,
-    Waited, MAX_INTERIM_RESPONSES,
+    rewrite_target, upstream_host, write_interim, AcquireFail, BodyPlan, Retry, RetrySlot,
+    SlotWait, Ticket, Waited, MAX_INTERIM_RESPONSES,
 };
 use super::gone::{unless_gone, ClientGone};
 use super::io::{race, read_by, write_all_by, Either, Stall};
@@ -191,6 +191,7 @@ async fn acquire(
     key: Option<u64>,
     tried: &mut Tried,
     gone: Option<&ClientGone<'_>>,
+    by: Instant,
 ) -> Result<
     (
         Rc<EndpointRt>,
@@ -198,9 +199,9 @@ async fn acquire(
         Result<(h2::client::SendRequest<Bytes>, StreamSlot), Error>,
         Instant,
     ),
-    Option<PickError>,
+    AcquireFail,
 > {
-    let mut wait = SlotWait::default();
+    let mut wait = SlotWait::by(by);
     loop {
         let now = Instant::now();
         match wait.pick(up, key, tried, w, now) {
@@ -225,13 +226,14 @@ async fn acquire(
                     return Ok((ep, inflight, Err(err), now));
                 }
             }
-            Some(Err(PickError::NoEndpoints)) => return Err(Some(PickError::NoEndpoints)),
+            Some(Err(PickError::NoEndpoints)) => return Err(AcquireFail::NoEndpoints),
             Some(Err(PickError::Busy)) | None => {}
         }
         match wait.wait(w, up, gone).await {
             Waited::Again => {}
-            Waited::GiveUp => return Err(Some(PickError::Busy)),
-            Waited::ClientGone => return Err(None),
+            Waited::GiveUp => return Err(AcquireFail::Saturated),
+            Waited::Deadline => return Err(AcquireFail::Deadline),
+            Waited::ClientGone => return Err(AcquireFail::ClientGone),
         }
     }
 }
@@ -647,34 +649,38 @@ pub(super) async fn proxy(
         };
         let streamed = matches!(body, BodyPlan::Streamed);
         let gone = super::forward::queue_watch(w, cg, conn, streamed);
-        let acquired = acquire(w, up, plan.key, &mut tried, gone.as_ref()).await;
+        // The wait for a stream ends by the total timeout, or by a gRPC call's deadline.
+        let by = plan
+            .grpc_deadline
+            .map_or(plan.total_deadline, |g| g.min(plan.total_deadline));
+        let acquired = acquire(w, up, plan.key, &mut tried, gone.as_ref(), by).await;
         drop(gone);
         let (ep, inflight, picked, started) = match acquired {
             Ok(x) => {
                 conn.log.endpoint = Some(x.0.addr());
                 x
             }
-            Err(None) => {
+            Err(e) => {
                 conn.consume_head(head_len);
-                return fail(w, cg, conn, info, cancelled(), !body_read).await;
-            }
-            Err(Some(e)) => {
-                conn.consume_head(head_len);
-                let kind = if e == PickError::NoEndpoints {
-                    ErrorKind::NoEndpoint
-                } else {
-                    add(&stats.saturated, 1);
-                    ErrorKind::UpstreamSaturated
+                let err = match e {
+                    AcquireFail::ClientGone => cancelled(),
+                    AcquireFail::NoEndpoints => Error::new(ErrorKind::NoEndpoint, Side::Upstream),
+                    AcquireFail::Deadline
+                        if plan.grpc_deadline.is_some_and(|g| g < plan.total_deadline) =>
+                    {
+                        Error::new(ErrorKind::UpstreamTimeout, Side::Upstream).with_cause(
+                            "the call's grpc-timeout passed while it waited for a stream",
+                        )
+                    }
+                    AcquireFail::Deadline => super::forward::unsent_timeout(),
+                    AcquireFail::Saturated => {
+                        add(&stats.saturated, 1);
+                        Error::new(ErrorKind::UpstreamSaturated, Side::Upstream)
+                    }
+                    // (A connect's failure comes back as the attempt's, with its endpoint.)
+                    AcquireFail::Connect(_, e) => e,
                 };
-                return fail(
-                    w,
-                    cg,
-                    conn,
-                    info,
-                    Error::new(kind, Side::Upstream),
-                    !body_read,
-                )
-                .await;
+                return fail(w, cg, conn, info, err, !body_read).await;
             }
         };
         // An endpoint's latency runs from its pick (`started`: a connect counts, a wait for a

@@ -582,6 +582,33 @@ pub fn closed_port() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// A listener whose accept queue is full: it drops further SYNs, so connecting to `addr`
+/// hangs until the connector gives up. Kept so while this lives.
+pub struct Unanswering {
+    pub addr: SocketAddr,
+    _listener: TcpListener,
+    _fillers: Vec<socket2::Socket>,
+}
+
+pub fn unanswering() -> Unanswering {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&listener).listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fillers.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    Unanswering {
+        addr,
+        _listener: listener,
+        _fillers: fillers,
+    }
+}
+
 /// FNV-1a 64: a cheap fingerprint for comparing large bodies.
 pub fn fnv(data: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
