@@ -48,6 +48,9 @@ pub struct Generation {
     pub shutdown_timeout: Duration,
     /// How often upstream names are resolved again (`None`: only when a config loads).
     pub dns_refresh: Option<Duration>,
+    /// How long a load or refresh waits for its lookups (they run in parallel); a name with
+    /// no answer by then counts as a failed lookup.
+    pub dns_timeout: Duration,
     /// tracing filter directive (`info`, `ringway=debug`, ...).
     pub log_level: String,
     /// Gateway-wide policy.

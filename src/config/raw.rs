@@ -15,6 +15,7 @@ pub(crate) struct RawConfig {
     pub(crate) driver: Option<Spanned<String>>,
     pub(crate) shutdown_timeout: Option<Spanned<String>>,
     pub(crate) dns_refresh: Option<Spanned<String>>,
+    pub(crate) dns_timeout: Option<Spanned<String>>,
     pub(crate) log_level: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) gateway: RawGateway,

@@ -120,6 +120,10 @@ const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 const MAX_LOCAL_TEXT_BYTES: usize = 4096;
 const MAX_LOCAL_HEADER_BYTES: usize = 8192;
 
+/// How long lookups may take when `dns_timeout` is not set: a resolver's own first timeout
+/// (glibc's 5 s) passes once before a name counts as failed.
+const DEFAULT_DNS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How often upstream names are resolved again when `dns_refresh` is not set.
 const DEFAULT_DNS_REFRESH: Duration = Duration::from_secs(10);
 
@@ -215,6 +219,12 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         },
         None => Some(DEFAULT_DNS_REFRESH),
     };
+    let dns_timeout = ctx.duration(&raw.dns_timeout, DEFAULT_DNS_TIMEOUT)?;
+    if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&dns_timeout) {
+        let span = raw.dns_timeout.as_ref().map_or(0..0, |v| v.span());
+        let why = "dns_timeout must be from \"100ms\" to \"60s\"";
+        return Err(ctx.error(span, why.to_string()));
+    }
     let log_level = match &raw.log_level {
         None => "info".to_string(),
         Some(l) => {
@@ -379,6 +389,7 @@ pub fn compile(text: &str, source: &str) -> Result<Generation, ConfigError> {
         driver,
         shutdown_timeout,
         dns_refresh,
+        dns_timeout,
         log_level,
         gateway: GatewayConfig {
             trusted_proxies,
@@ -2193,6 +2204,14 @@ mod tests {
         assert!(e.to_string().contains("at least"), "{e}");
         assert!(refresh("dns_refresh = \"0s\"\n").is_err());
         assert!(refresh("dns_refresh = 10\n").is_err());
+        let timeout = |v: &str| compile(&format!("{v}{MIN}"), "t.toml").map(|g| g.dns_timeout);
+        assert_eq!(timeout("").unwrap(), Duration::from_secs(5));
+        assert_eq!(
+            timeout("dns_timeout = \"800ms\"\n").unwrap(),
+            Duration::from_millis(800)
+        );
+        assert!(timeout("dns_timeout = \"50ms\"\n").is_err());
+        assert!(timeout("dns_timeout = \"2m\"\n").is_err());
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   Any error keeps the running generation.
 //! - DNS: upstream names are resolved again every `dns_refresh` (10 s unless configured), on
 //!   a thread of its own (a slow resolver holds up nothing else); a failed lookup keeps the
-//!   last answer (RFC 8767: serve stale).
+//!   last answer (RFC 8767: serve stale). A load or refresh looks every name up at once and
+//!   waits at most `dns_timeout` (a reload on a dead resolver refuses, or keeps the last
+//!   answers, in seconds, and a log reopen queued behind it waits no longer).
 //!
 //! Ownership: runs on its own std thread; talks to workers only through `Shared` (generations)
 //! and one channel per worker (listener sockets), which workers poll on their tick.
@@ -21,7 +23,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{compile, hash_text, stamp, EndpointSpec, FileStamp, Generation};
+use crate::config::{compile, hash_text, stamp, FileStamp, Generation};
 use crate::net::bind_group;
 use crate::observe::access_log;
 use crate::shared::{EndpointTable, Published, ResolvedEndpoint, Shared, StateBook};
@@ -30,40 +32,127 @@ use crate::worker::WorkerCommand;
 /// How often the control loop wakes to check for work.
 const CONTROL_TICK: Duration = Duration::from_millis(50);
 
-/// Resolves one endpoint spec (blocking: control thread or start-up only).
-#[allow(clippy::disallowed_methods)] // the control thread may block on DNS; workers never do
-fn resolve_spec(spec: &EndpointSpec) -> Result<Vec<SocketAddr>, String> {
-    if let Some(addr) = spec.literal {
-        return Ok(vec![addr]);
-    }
-    let mut addrs: Vec<SocketAddr> = (spec.host.as_str(), spec.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve `{}`: {e}", spec.authority))?
+/// A name lookup: `host`, `port` to addresses (blocking).
+pub type Lookup = fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>;
+
+/// The system resolver (getaddrinfo, with its own timeouts and retries).
+#[allow(clippy::disallowed_methods)] // lookup threads may block on DNS; workers never do
+fn system_lookup(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    Ok((host, port).to_socket_addrs()?.collect())
+}
+
+/// Most lookups one load runs at once.
+const LOOKUP_THREADS: usize = 16;
+
+/// Most lookup threads alive across loads: a lookup that outlives its load's `dns_timeout` (a
+/// resolver that does not answer) runs on until getaddrinfo gives up, and reloads and
+/// refreshes made meanwhile must not pile up threads behind it. Beyond, a name counts as
+/// failed at once.
+const LOOKUP_THREADS_ALIVE: usize = 64;
+
+static LOOKUPS_ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The answers for every distinct name (`host`, `port`) of `gen`'s endpoints, looked up in
+/// parallel (at most [`LOOKUP_THREADS`] at once); a name with no answer within `gen`'s
+/// `dns_timeout` gets an error. Address literals are not looked up.
+fn lookup_names(
+    gen: &Generation,
+    lookup: Lookup,
+) -> std::collections::HashMap<(String, u16), Result<Vec<SocketAddr>, String>> {
+    let mut names: Vec<(String, u16)> = gen
+        .upstreams
+        .iter()
+        .flat_map(|u| u.endpoints.iter())
+        .filter(|e| e.literal.is_none())
+        .map(|e| (e.host.clone(), e.port))
         .collect();
-    addrs.sort();
-    addrs.dedup();
-    if addrs.is_empty() {
-        return Err(format!("`{}` resolves to no address", spec.authority));
+    names.sort();
+    names.dedup();
+    let mut answers = std::collections::HashMap::with_capacity(names.len());
+    if names.is_empty() {
+        return answers;
     }
-    Ok(addrs)
+    let deadline = Instant::now() + gen.dns_timeout;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut queue = names.into_iter();
+    let mut running = 0;
+    loop {
+        while running < LOOKUP_THREADS {
+            let Some(name) = queue.next() else { break };
+            let alive = LOOKUPS_ALIVE.fetch_add(1, Ordering::AcqRel);
+            let tx = tx.clone();
+            let spawned = alive < LOOKUP_THREADS_ALIVE && {
+                let (host, port) = name.clone();
+                std::thread::Builder::new()
+                    .name("ringway-dns".into())
+                    .spawn(move || {
+                        let answer = lookup(&host, port);
+                        LOOKUPS_ALIVE.fetch_sub(1, Ordering::AcqRel);
+                        // (The load may have stopped waiting: the answer is dropped.)
+                        let _ = tx.send(((host, port), answer));
+                    })
+                    .is_ok()
+            };
+            if spawned {
+                running += 1;
+            } else {
+                LOOKUPS_ALIVE.fetch_sub(1, Ordering::AcqRel);
+                let why = "no lookup thread free (earlier lookups still wait for the resolver)";
+                answers.insert(name, Err(why.to_string()));
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((name, answer)) => {
+                running -= 1;
+                let answer = answer.map_err(|e| e.to_string()).and_then(|mut addrs| {
+                    addrs.sort();
+                    addrs.dedup();
+                    if addrs.is_empty() {
+                        Err("no address".to_string())
+                    } else {
+                        Ok(addrs)
+                    }
+                });
+                answers.insert(name, answer);
+            }
+            Err(_) => break,
+        }
+    }
+    // What did not answer in time, or was never started for lack of time.
+    let why = format!("no answer within dns_timeout ({:?})", gen.dns_timeout);
+    for e in gen.upstreams.iter().flat_map(|u| u.endpoints.iter()) {
+        if e.literal.is_none() {
+            answers
+                .entry((e.host.clone(), e.port))
+                .or_insert_with(|| Err(why.clone()));
+        }
+    }
+    answers
 }
 
 /// Resolves every endpoint of every upstream; fails on the first name that does not resolve.
 /// Endpoint state comes from `book`.
 pub fn resolve_all(gen: &Generation, book: &StateBook<'_>) -> Result<EndpointTable, String> {
-    resolve(gen, book, None, true)
+    resolve(gen, book, None, true, system_lookup)
 }
 
-/// Resolves `gen`'s endpoints. When a lookup fails, the addresses `previous` has for the same
-/// upstream and `host:port` stay in use (RFC 8767: serve stale); with none to fall back on,
-/// `strict` makes that an error (start-up, a reload adding a name) and otherwise the name
-/// contributes no endpoint until it resolves (a periodic refresh).
+/// Resolves `gen`'s endpoints (every name at once, within `dns_timeout`). When a lookup
+/// fails, the addresses `previous` has for the same upstream and `host:port` stay in use
+/// (RFC 8767: serve stale); with none to fall back on, `strict` makes that an error (start-up,
+/// a reload adding a name) and otherwise the name contributes no endpoint until it resolves
+/// (a periodic refresh).
 fn resolve(
     gen: &Generation,
     book: &StateBook<'_>,
     previous: Option<&Published>,
     strict: bool,
+    lookup: Lookup,
 ) -> Result<EndpointTable, String> {
+    let answers = lookup_names(gen, lookup);
     let mut table = Vec::with_capacity(gen.upstreams.len());
     for up in &gen.upstreams {
         let stale_of = |authority: &str| -> Vec<ResolvedEndpoint> {
@@ -83,7 +172,15 @@ fn resolve(
         let mut eps = Vec::new();
         for spec in &up.endpoints {
             let authority: Arc<str> = Arc::from(spec.authority.as_str());
-            match resolve_spec(spec) {
+            let answer = match spec.literal {
+                Some(addr) => Ok(vec![addr]),
+                None => match answers.get(&(spec.host.clone(), spec.port)) {
+                    Some(Ok(addrs)) => Ok(addrs.clone()),
+                    Some(Err(e)) => Err(format!("cannot resolve `{}`: {e}", spec.authority)),
+                    None => Err(format!("cannot resolve `{}`", spec.authority)),
+                },
+            };
+            match answer {
                 Ok(addrs) => eps.extend(addrs.into_iter().map(|addr| ResolvedEndpoint {
                     addr,
                     state: book.endpoint(&up.name, addr, &authority, up.health_check.is_some()),
@@ -280,7 +377,7 @@ impl Control {
         self.cert_files = cert_files(&gen);
         let current = self.shared.published.load_full();
         let book = StateBook::new(Some(&current), self.shared.workers);
-        let endpoints = resolve(&gen, &book, Some(&current), true)
+        let endpoints = resolve(&gen, &book, Some(&current), true, system_lookup)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let old = &current.gen;
         for l in &mut gen.listeners {
@@ -451,7 +548,7 @@ impl Control {
 fn refresh_dns(shared: &Shared) {
     let current = shared.published.load_full();
     let book = StateBook::new(Some(&current), shared.workers);
-    let Ok(table) = resolve(&current.gen, &book, Some(&current), false) else {
+    let Ok(table) = resolve(&current.gen, &book, Some(&current), false, system_lookup) else {
         return;
     };
     if *current.endpoints != table {
@@ -532,6 +629,96 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
 mod tests {
     use super::*;
 
+    /// Answers every name with 127.0.0.1 (`slow.test` after 3 s).
+    #[allow(clippy::disallowed_methods)] // a stand-in for a resolver that does not answer
+    fn slow_for_one(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+        if host == "slow.test" {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))])
+    }
+
+    /// Answers every name with 127.0.0.2, after 300 ms.
+    #[allow(clippy::disallowed_methods)]
+    fn each_300ms(_: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(vec![SocketAddr::from(([127, 0, 0, 2], port))])
+    }
+
+    fn answers_at_once(_: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+        Ok(vec![SocketAddr::from(([127, 0, 0, 3], port))])
+    }
+
+    fn with_names(names: &[&str], timeout: &str) -> Generation {
+        let eps: Vec<String> = names.iter().map(|n| format!("\"{n}:80\"")).collect();
+        let text = format!(
+            "dns_timeout = \"{timeout}\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [{}]\n\
+             [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+            eps.join(", ")
+        );
+        compile(&text, "t").unwrap()
+    }
+
+    #[test]
+    fn names_are_looked_up_at_once_not_one_after_another() {
+        let names: Vec<String> = (0..10).map(|i| format!("n{i}.test")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let gen = with_names(&names, "2s");
+        let book = StateBook::new(None, 1);
+        let started = Instant::now();
+        let table = resolve(&gen, &book, None, true, each_300ms).unwrap();
+        assert_eq!(table[0].len(), 10);
+        assert!(table[0]
+            .iter()
+            .all(|e| e.addr.ip().to_string() == "127.0.0.2"));
+        // One after another: 3 s.
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_name_without_an_answer_in_time_fails_the_load_or_keeps_its_last_answer() {
+        let gen = Arc::new(with_names(&["a.test", "slow.test"], "200ms"));
+        let book = StateBook::new(None, 1);
+        // A load with nothing to fall back on is refused, within dns_timeout.
+        let started = Instant::now();
+        let e = resolve(&gen, &book, None, true, slow_for_one).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            e.contains("slow.test:80") && e.contains("dns_timeout"),
+            "{e}"
+        );
+        // With the answers in force, the slow name keeps its own and the other is renewed.
+        let before = resolve(&gen, &book, None, true, answers_at_once).unwrap();
+        let previous = Published::new(1, gen.clone(), before, &book);
+        let started = Instant::now();
+        let table = resolve(&gen, &book, Some(&previous), true, slow_for_one).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        let got: Vec<(&str, String)> = table[0]
+            .iter()
+            .map(|e| (&*e.authority, e.addr.ip().to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a.test:80", "127.0.0.1".to_string()),
+                ("slow.test:80", "127.0.0.3".to_string())
+            ]
+        );
+    }
+
     #[test]
     fn dns_answers_are_not_published_over_a_reload_that_came_meanwhile() {
         let gen = Arc::new(
@@ -607,11 +794,11 @@ mod tests {
         assert_eq!(table[0][0].addr, "127.0.0.1:9".parse().unwrap());
         assert!(table[0].iter().any(|e| &*e.authority == "localhost:80"));
         let published = Published::new(1, Arc::new(gen.clone()), table.clone(), &book);
-        let again = resolve(&gen, &book, Some(&published), false).unwrap();
+        let again = resolve(&gen, &book, Some(&published), false, system_lookup).unwrap();
         assert_eq!(again, table);
         // State is kept by address across a refresh.
         let book2 = StateBook::new(Some(&published), 1);
-        let third = resolve(&gen, &book2, Some(&published), false).unwrap();
+        let third = resolve(&gen, &book2, Some(&published), false, system_lookup).unwrap();
         assert!(Arc::ptr_eq(&third[0][0].state, &table[0][0].state));
         assert!(Arc::ptr_eq(&book2.upstream("a"), &published.upstreams[0]));
     }
@@ -685,11 +872,11 @@ mod tests {
         let published = Published::new(1, Arc::new(gen.clone()), previous.clone(), &book);
         // A refresh and a reload both keep the last answer ...
         assert_eq!(
-            resolve(&gen, &book, Some(&published), false).unwrap(),
+            resolve(&gen, &book, Some(&published), false, system_lookup).unwrap(),
             previous
         );
         assert_eq!(
-            resolve(&gen, &book, Some(&published), true).unwrap(),
+            resolve(&gen, &book, Some(&published), true, system_lookup).unwrap(),
             previous
         );
         // ... which a reload adding a name that does not resolve does not have.
@@ -698,15 +885,15 @@ mod tests {
             "t",
         )
         .unwrap();
-        let e = resolve(&added, &book, Some(&published), true).unwrap_err();
+        let e = resolve(&added, &book, Some(&published), true, system_lookup).unwrap_err();
         assert!(e.contains("other.invalid"), "{e}");
-        let lenient = resolve(&added, &book, Some(&published), false).unwrap();
+        let lenient = resolve(&added, &book, Some(&published), false, system_lookup).unwrap();
         assert_eq!(lenient, previous);
         // Refresh after failed refresh: what is kept does not grow.
         let mut last = previous.clone();
         for round in 2..5 {
             let p = Published::new(round, Arc::new(gen.clone()), last.clone(), &book);
-            last = resolve(&gen, &book, Some(&p), false).unwrap();
+            last = resolve(&gen, &book, Some(&p), false, system_lookup).unwrap();
             assert_eq!(last, previous, "round {round}");
         }
     }
