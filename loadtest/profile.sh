@@ -58,6 +58,8 @@ pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null
+    # KEEP_PERF=FILE keeps the samples, for `perf report -i FILE` beyond the summary.
+    [ -n "${KEEP_PERF:-}" ] && [ -f "$WORK/perf.data" ] && cp "$WORK/perf.data" "$KEEP_PERF"
     rm -rf "$WORK"
     true
 }
