@@ -591,12 +591,32 @@ pub fn run_dns(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
 /// The control loop; returns when `stop` is set.
 pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBool>) {
     let mut next_file = Instant::now() + FILE_POLL;
+    // A command taken off the channel while merging reloads, handled next.
+    let mut next: Option<Command> = None;
     while !stop.load(Ordering::Acquire) {
-        match commands.recv_timeout(CONTROL_TICK) {
+        let command = match next.take() {
+            Some(c) => Ok(c),
+            None => commands.recv_timeout(CONTROL_TICK),
+        };
+        match command {
             Ok(Command::Reload { reply }) => {
+                // Reload requests already queued behind this one are answered by it: they
+                // all came before the file is read (a storm of SIGHUPs or reload calls
+                // costs one reload, not one each).
+                let mut replies: Vec<_> = reply.into_iter().collect();
+                loop {
+                    match commands.try_recv() {
+                        Ok(Command::Reload { reply }) => replies.extend(reply),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
                 let result = control.reload("reload request");
-                if let Some(tx) = reply {
-                    let _ = tx.send(result);
+                for tx in replies {
+                    let _ = tx.send(result.clone());
                 }
             }
             Ok(Command::ReopenLogs { reply }) => {
@@ -658,6 +678,50 @@ mod tests {
             eps.join(", ")
         );
         compile(&text, "t").unwrap()
+    }
+
+    #[test]
+    fn reload_requests_queued_together_are_served_by_one_reload() {
+        let dir = std::env::temp_dir().join(format!("ringway-merge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ringway.toml");
+        let text = "[[listeners]]\naddress = \"127.0.0.1:0\"\n";
+        std::fs::write(&path, text).unwrap();
+        let gen = Arc::new(compile(text, &path.display().to_string()).unwrap());
+        let book = StateBook::new(None, 1);
+        let published = Published::new(1, gen, Vec::new(), &book);
+        let shared = Arc::new(Shared::new(
+            1,
+            published,
+            crate::shared::DriverKind::Epoll,
+            None,
+        ));
+        let control = Control::new(shared.clone(), Vec::new(), 1 << 20, &[]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut replies = Vec::new();
+        for _ in 0..20 {
+            let (reply, answer) = std::sync::mpsc::channel();
+            tx.send(Command::Reload { reply: Some(reply) }).unwrap();
+            replies.push(answer);
+        }
+        let (logs, logged) = std::sync::mpsc::channel();
+        tx.send(Command::ReopenLogs { reply: Some(logs) }).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || run(control, rx, stop))
+        };
+        for answer in replies {
+            let got = answer.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(got, Ok(2));
+        }
+        // The command taken off the line while merging is still served.
+        let reopened = logged.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(reopened, Ok(()));
+        stop.store(true, Ordering::Release);
+        thread.join().unwrap();
+        assert_eq!(shared.reloads_ok.load(Ordering::Relaxed), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
