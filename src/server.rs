@@ -240,6 +240,9 @@ impl Server {
             admin = ?admin_addr,
             "ringway started"
         );
+        for warning in crate::config::warnings(&shared.published.load().gen) {
+            tracing::warn!("{warning}");
+        }
         Ok(Server {
             shared,
             addrs,

@@ -124,6 +124,36 @@ fn check_warns_about_unreachable_routes() {
 }
 
 #[test]
+fn check_warns_about_an_admin_listener_off_loopback() {
+    let dir = std::env::temp_dir().join(format!("ringway-admin-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ringway.toml");
+    for (addr, warned) in [
+        ("0.0.0.0:9901", true),
+        ("[::]:9901", true),
+        ("127.0.0.1:9901", false),
+        ("[::1]:9901", false),
+    ] {
+        std::fs::write(
+            &path,
+            format!("[admin]\naddress = \"{addr}\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n"),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["check", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let warning = text
+            .lines()
+            .any(|l| l.starts_with("warning: the admin listener"));
+        assert_eq!(warning, warned, "{addr}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn every_example_config_checks() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples");
     let mut n = 0;

@@ -790,8 +790,26 @@ pub fn describe(gen: &Generation, endpoints: Option<&crate::shared::EndpointTabl
     for r in gen.routes.routes() {
         let _ = writeln!(out, "  {}. {}", r.index + 1, describe_route(gen, r));
     }
-    for warning in gen.routes.conflicts() {
+    for warning in warnings(gen) {
         let _ = writeln!(out, "warning: {warning}");
+    }
+    out
+}
+
+/// What in `gen` is allowed but likely a mistake: routes that can never be chosen, and an
+/// admin listener reachable off the machine (it reloads the config and drains endpoints, with
+/// no authentication of its own). `check` prints these; start-up and reloads log them.
+pub fn warnings(gen: &Generation) -> Vec<String> {
+    let mut out = gen.routes.conflicts();
+    if let Some(admin) = &gen.admin {
+        if !admin.address.ip().to_canonical().is_loopback() {
+            out.push(format!(
+                "the admin listener ({}) is not on a loopback address: anyone who can reach it \
+                 can reload the config and drain endpoints (it has no authentication); bind it \
+                 to 127.0.0.1 or ::1, or restrict access to it by firewall",
+                admin.address
+            ));
+        }
     }
     out
 }

@@ -420,6 +420,9 @@ impl Control {
             .map(|o| o.address)
             .collect();
 
+        for warning in crate::config::warnings(&gen) {
+            tracing::warn!("{warning}");
+        }
         let number = current.number + 1;
         self.retry_at = None;
         self.shared.publish(
