@@ -170,7 +170,9 @@ pub struct UpstreamLocal {
     /// Requests and retries per one-second slot of the budget window, and the slot's second.
     window: RefCell<[(u64, u64); BUDGET_WINDOW_SECS]>,
     second: Cell<u64>,
-    latency: RefCell<Histogram<u64>>,
+    /// This worker's latencies to the upstream, from its first response on (none before: a
+    /// worker that never sends to an upstream holds no histogram for it).
+    latency: RefCell<Option<Histogram<u64>>>,
     latency_dirty: Cell<bool>,
     /// The copy published last time, reused for the next publication.
     latency_spare: RefCell<Option<Arc<Histogram<u64>>>>,
@@ -183,9 +185,9 @@ impl UpstreamLocal {
         UpstreamLocal {
             window: RefCell::new([(0, 0); BUDGET_WINDOW_SECS]),
             second: Cell::new(0),
-            latency: RefCell::new(state::new_histogram()),
+            latency: RefCell::new(None),
             latency_dirty: Cell::new(false),
-            latency_spare: RefCell::new(Some(Arc::new(state::new_histogram()))),
+            latency_spare: RefCell::new(None),
             pending: Cell::new(0),
         }
     }
@@ -661,7 +663,17 @@ impl UpstreamRt {
 
     /// Records the time to a response head.
     pub fn record_latency(&self, d: Duration) {
-        let _ = self.local.latency.borrow_mut().record(
+        let mut latency = self.local.latency.borrow_mut();
+        let latency = latency.get_or_insert_with(|| {
+            // The first on this worker: the published copy and the spare are made now too,
+            // so that publishing, once a second from here on, swaps them and never allocates.
+            let empty = state::new_histogram();
+            let mut spare = None;
+            self.shared.publish_latency(self.worker, &empty, &mut spare);
+            *self.local.latency_spare.borrow_mut() = Some(Arc::new(empty.clone()));
+            empty
+        });
+        let _ = latency.record(
             (d.as_micros() as u64).clamp(state::LATENCY_RANGE_US.0, state::LATENCY_RANGE_US.1),
         );
         self.local.latency_dirty.set(true);
@@ -690,11 +702,13 @@ impl UpstreamRt {
         slot[0].store(r, Ordering::Relaxed);
         slot[1].store(t, Ordering::Relaxed);
         if publish_latency && local.latency_dirty.replace(false) {
-            self.shared.publish_latency(
-                self.worker,
-                &local.latency.borrow(),
-                &mut local.latency_spare.borrow_mut(),
-            );
+            if let Some(latency) = &*local.latency.borrow() {
+                self.shared.publish_latency(
+                    self.worker,
+                    latency,
+                    &mut local.latency_spare.borrow_mut(),
+                );
+            }
         }
     }
 

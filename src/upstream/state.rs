@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 
@@ -565,7 +565,8 @@ pub struct UpstreamState {
     pub stats: Box<[CachePadded<UpstreamStats>]>,
     /// Per-worker latency histograms in microseconds (time to the response head), as each
     /// worker last published them (about once a second); merged at scrape.
-    pub latency: Box<[CachePadded<ArcSwap<Histogram<u64>>>]>,
+    /// (None until the worker first publishes one.)
+    pub latency: Box<[CachePadded<ArcSwapOption<Histogram<u64>>>]>,
 }
 
 impl UpstreamState {
@@ -584,7 +585,7 @@ impl UpstreamState {
                 .map(|_| CachePadded::new(UpstreamStats::default()))
                 .collect(),
             latency: (0..workers)
-                .map(|_| CachePadded::new(ArcSwap::from_pointee(new_histogram())))
+                .map(|_| CachePadded::new(ArcSwapOption::empty()))
                 .collect(),
         }
     }
@@ -615,15 +616,18 @@ impl UpstreamState {
             },
             None => Arc::new(local.clone()),
         };
-        let old = self.latency[worker % self.latency.len()].swap(copy);
-        *spare = Some(old);
+        let old = self.latency[worker % self.latency.len()].swap(Some(copy));
+        *spare = old;
     }
 
     /// Every worker's last published histogram, merged.
     pub fn merged_latency(&self) -> Histogram<u64> {
         let mut all = new_histogram();
         for slot in self.latency.iter() {
-            let _ = all.add(&**slot.load());
+            if let Some(h) = &*slot.load() {
+                // (Auto-resizing: adding cannot fail.)
+                let _ = all.add(&**h);
+            }
         }
         all
     }
@@ -681,11 +685,17 @@ pub fn ejection_budget<'a>(
     )
 }
 
-/// An empty latency histogram: two significant figures (about 1% resolution), a few KiB.
+/// An empty latency histogram: two significant figures (about 1% resolution). It covers 1 us
+/// to 1 s in 14 KiB and grows as longer latencies come, up to 26 KiB for
+/// [`LATENCY_RANGE_US`] (recorded values are clamped to it): sized for the latencies seen,
+/// not for the hour a few requests might take, since every worker keeps three per upstream
+/// it sends to (its own, the one it published, and the one before, reused).
 pub fn new_histogram() -> Histogram<u64> {
     // invariant: constant, valid bounds (low >= 1, high >= 2 * low, sigfig <= 5).
-    Histogram::new_with_bounds(LATENCY_RANGE_US.0, LATENCY_RANGE_US.1, 2)
-        .expect("constant histogram bounds are valid")
+    let mut h = Histogram::new_with_bounds(LATENCY_RANGE_US.0, 1_000_000, 2)
+        .expect("constant histogram bounds are valid");
+    h.auto(true);
+    h
 }
 
 /// A connection slot taken under `max_connections` for a connection being opened: given
@@ -721,6 +731,35 @@ impl Drop for ConnectionSlot {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn latency_histograms_are_held_only_once_used_and_grow_with_what_they_see() {
+        let st = UpstreamState::new("up", 2);
+        // Nothing published yet: nothing held, an empty merge.
+        assert!(st.latency.iter().all(|s| s.load().is_none()));
+        assert_eq!(st.merged_latency().len(), 0);
+        // Worker 0 sees milliseconds, worker 1 an hour (the clamp).
+        let mut fast = new_histogram();
+        let small = fast.distinct_values();
+        for ms in 1..=100 {
+            fast.record(ms * 1000).unwrap();
+        }
+        assert_eq!(fast.distinct_values(), small, "1 us to 1 s fits as made");
+        let mut slow = new_histogram();
+        slow.record(LATENCY_RANGE_US.1).unwrap();
+        assert!(slow.distinct_values() > small);
+        let (mut spare0, mut spare1) = (None, None);
+        st.publish_latency(0, &fast, &mut spare0);
+        st.publish_latency(1, &slow, &mut spare1);
+        let all = st.merged_latency();
+        assert_eq!(all.len(), 101);
+        assert_eq!(all.value_at_quantile(0.5) / 1000, 51);
+        assert!(all.max() >= LATENCY_RANGE_US.1 * 99 / 100);
+        // Published again over the copy from before (no reader holds it): the spare, grown.
+        st.publish_latency(0, &slow, &mut spare0);
+        st.publish_latency(0, &slow, &mut spare0);
+        assert_eq!(st.merged_latency().len(), 2);
+    }
 
     fn breaker_cfg() -> BreakerConfig {
         BreakerConfig {
