@@ -1341,3 +1341,29 @@ fn endpoints_whose_checks_hang_cannot_keep_other_upstreams_from_being_checked() 
     assert_eq!(p.connect().get("/").status, 200);
     drop(silent);
 }
+
+#[test]
+fn upstream_latency_is_exported_as_a_summary_and_a_histogram() {
+    let origin = Origin::ok("ok");
+    let p = proxy_over("workers = 1", &quoted(&[origin.addr]), "");
+    for _ in 0..3 {
+        assert_eq!(p.connect().get("/").status, 200);
+    }
+    // Published by the worker about once a second.
+    let count = |name: &str| metric_sum(p.addr, &format!("{name}{{upstream=\"up\"}}"));
+    assert!(wait_until(Duration::from_secs(5), || count(
+        "ringway_upstream_latency_seconds_count"
+    ) == 3.0));
+    assert_eq!(count("ringway_upstream_latency_microseconds_count"), 3.0);
+    let inf = metric_sum(
+        p.addr,
+        "ringway_upstream_latency_seconds_bucket{upstream=\"up\",le=\"+Inf\"}",
+    );
+    assert_eq!(inf, 3.0);
+    // Loopback answers within a second.
+    let one_s = metric_sum(
+        p.addr,
+        "ringway_upstream_latency_seconds_bucket{upstream=\"up\",le=\"1\"}",
+    );
+    assert_eq!(one_s, 3.0);
+}

@@ -399,9 +399,12 @@ pub fn render_upstreams(
             "ringway_upstream_breaker_state{{upstream=\"{up}\"}} {v}"
         );
     }
-    help(out, "ringway_upstream_latency_microseconds", "summary", "Time from sending an attempt to its response head, merged across workers (published about once a second).");
-    for (up, st) in &ups {
-        let h = st.merged_latency();
+    let latencies: Vec<_> = ups
+        .iter()
+        .map(|(up, st)| (up, st.merged_latency()))
+        .collect();
+    help(out, "ringway_upstream_latency_microseconds", "summary", "Time from sending an attempt to its response head, merged across workers (published about once a second); quantiles over the whole uptime (for recent ones, use ringway_upstream_latency_seconds).");
+    for (up, h) in &latencies {
         for q in [0.5, 0.9, 0.99, 0.999] {
             let _ = writeln!(
                 out,
@@ -419,6 +422,10 @@ pub fn render_upstreams(
             "ringway_upstream_latency_microseconds_count{{upstream=\"{up}\"}} {}",
             h.len()
         );
+    }
+    help(out, "ringway_upstream_latency_seconds", "histogram", "Time from sending an attempt to its response head (the summary's figures in buckets: rate() over them gives recent quantiles).");
+    for (up, h) in &latencies {
+        latency_buckets(out, up, h);
     }
 
     // Endpoints.
@@ -533,6 +540,40 @@ fn counter(out: &mut String, name: &str, help: &str, v: u64) {
     );
 }
 
+/// Upper bounds of the latency histogram's buckets, in microseconds (1 ms to 60 s).
+const LATENCY_BUCKETS_US: [u64; 15] = [
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000, 30_000_000, 60_000_000,
+];
+
+/// One upstream's `ringway_upstream_latency_seconds` series: cumulative buckets (a bucket
+/// holds the samples hdrhistogram cannot tell from its bound, within 1%), `+Inf`, sum, count.
+fn latency_buckets(out: &mut String, up: &str, h: &hdrhistogram::Histogram<u64>) {
+    for le in LATENCY_BUCKETS_US {
+        let n = h.count_between(0, le);
+        let secs = le as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "ringway_upstream_latency_seconds_bucket{{upstream=\"{up}\",le=\"{secs}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "ringway_upstream_latency_seconds_bucket{{upstream=\"{up}\",le=\"+Inf\"}} {}",
+        h.len()
+    );
+    let _ = writeln!(
+        out,
+        "ringway_upstream_latency_seconds_sum{{upstream=\"{up}\"}} {:.6}",
+        h.mean() * h.len() as f64 / 1e6
+    );
+    let _ = writeln!(
+        out,
+        "ringway_upstream_latency_seconds_count{{upstream=\"{up}\"}} {}",
+        h.len()
+    );
+}
+
 fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
@@ -575,5 +616,39 @@ mod tests {
         assert!(out.contains("ringway_info{version=\"0\",driver=\"io_uring\"} 1"));
         assert!(out.contains("ringway_config_generation 2\n"), "{out}");
         assert!(out.contains("ringway_config_reloads_total{result=\"success\"} 1\n"));
+    }
+
+    #[test]
+    fn latency_buckets_are_cumulative_in_seconds() {
+        let mut h = crate::upstream::state::new_histogram();
+        for us in [800, 3_000, 3_000, 40_000, 2_000_000] {
+            h.record(us).unwrap();
+        }
+        let mut out = String::new();
+        latency_buckets(&mut out, "up", &h);
+        let bucket = |le: &str| {
+            let line =
+                format!("ringway_upstream_latency_seconds_bucket{{upstream=\"up\",le=\"{le}\"}} ");
+            out.lines()
+                .find_map(|l| l.strip_prefix(line.as_str()))
+                .unwrap_or_else(|| panic!("no bucket {le}: {out}"))
+                .to_string()
+        };
+        assert_eq!(bucket("0.001"), "1");
+        assert_eq!(bucket("0.0025"), "1");
+        assert_eq!(bucket("0.005"), "3");
+        assert_eq!(bucket("0.05"), "4");
+        assert_eq!(bucket("1"), "4");
+        assert_eq!(bucket("2.5"), "5");
+        assert_eq!(bucket("60"), "5");
+        assert_eq!(bucket("+Inf"), "5");
+        assert!(out.contains("ringway_upstream_latency_seconds_count{upstream=\"up\"} 5\n"));
+        let sum: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("ringway_upstream_latency_seconds_sum{upstream=\"up\"} "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((sum - 2.0468).abs() < 0.03, "{sum}");
     }
 }
