@@ -1367,3 +1367,33 @@ fn upstream_latency_is_exported_as_a_summary_and_a_histogram() {
     );
     assert_eq!(one_s, 3.0);
 }
+
+#[test]
+fn health_probes_spread_by_their_jitter() {
+    let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = times.clone();
+    let origin = Origin::start(move |r| {
+        if r.target == "/health" {
+            seen.lock().unwrap().push(Instant::now());
+        }
+        Reply::text(200, "ok")
+    });
+    let _p = proxy_over(
+        "workers = 1",
+        &quoted(&[origin.addr]),
+        "health_check = { path = \"/health\", interval = \"200ms\", timeout = \"500ms\", \
+         jitter_percent = 100 }",
+    );
+    assert!(wait_until(Duration::from_secs(15), || times
+        .lock()
+        .unwrap()
+        .len()
+        >= 13));
+    let t = times.lock().unwrap().clone();
+    let gaps: Vec<Duration> = t.windows(2).map(|w| w[1] - w[0]).collect();
+    let (min, max) = (*gaps.iter().min().unwrap(), *gaps.iter().max().unwrap());
+    // Never before the interval; spread over up to another interval (the checker looks every
+    // 50 ms): twelve gaps of a fixed wait would sit within one look of each other.
+    assert!(min >= Duration::from_millis(190), "{gaps:?}");
+    assert!(max - min >= Duration::from_millis(60), "{gaps:?}");
+}

@@ -406,6 +406,9 @@ pub struct HealthCheckConfig {
     pub healthy_threshold: u32,
     /// Failures in a row that mark it unhealthy.
     pub unhealthy_threshold: u32,
+    /// Each probe after the first waits `interval` plus a random part of this percent of it,
+    /// so that probes (of endpoints, of ringway instances started together) spread out.
+    pub jitter_percent: u32,
 }
 
 /// `outlier = { ... }`: passive health.

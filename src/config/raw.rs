@@ -278,6 +278,7 @@ pub(crate) struct RawHealthCheck {
     pub(crate) timeout: Option<Spanned<String>>,
     pub(crate) healthy_threshold: Option<Spanned<i64>>,
     pub(crate) unhealthy_threshold: Option<Spanned<i64>>,
+    pub(crate) jitter_percent: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

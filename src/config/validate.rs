@@ -1034,6 +1034,8 @@ fn compile_health_check(
             1..1000,
             "health_check.unhealthy_threshold",
         )? as u32,
+        jitter_percent: ctx.int(&r.jitter_percent, 10, 0..100, "health_check.jitter_percent")?
+            as u32,
     })
 }
 

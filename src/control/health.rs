@@ -38,8 +38,11 @@ const MAX_STATUS_LINE: usize = 1024;
 struct Track {
     state: Arc<EndpointState>,
     /// When the last probe started (the next is due an `interval` later, by the interval in
-    /// force now: a reload that shortens it takes effect at once).
+    /// force now: a reload that shortens it takes effect at once, plus `jitter` of it).
     last: Option<Instant>,
+    /// The random part of the wait for the next probe: a fraction, in [0, 1), of
+    /// `jitter_percent` of the interval, drawn when the probe before started.
+    jitter: f64,
     /// A probe of it is under way (the next waits for its result).
     probing: bool,
     successes: u32,
@@ -67,6 +70,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tracks: HashMap<usize, Track> = HashMap::new();
     let (results_tx, results) = std::sync::mpsc::channel::<Outcome>();
     let mut running = 0;
+    let mut draw = Draw::seeded();
     while !stop.load(Ordering::Acquire) && !shared.is_draining() {
         for (state, addr, hc, name, result) in results.try_iter() {
             running -= 1;
@@ -99,11 +103,12 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 let t = tracks.entry(key).or_insert_with(|| Track {
                     state: ep.state.clone(),
                     last: None,
+                    jitter: 0.0,
                     probing: false,
                     successes: 0,
                     failures: 0,
                 });
-                let since = t.last.map(|last| last + hc.interval);
+                let since = t.last.map(|last| last + wait(hc, t.jitter));
                 if !t.probing && since.is_none_or(|at| now >= at) {
                     due.push((since, i, j));
                 }
@@ -136,6 +141,7 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                     let _ = tx.send((state, addr, hc, name, result));
                 });
             t.last = Some(now);
+            t.jitter = draw.next();
             match spawned {
                 Ok(_) => {
                     t.probing = true;
@@ -152,6 +158,36 @@ pub fn run(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         tracks.retain(|k, _| seen.contains(k));
         #[allow(clippy::disallowed_methods)] // the health thread is not a worker
         std::thread::sleep(ROUND);
+    }
+}
+
+/// How long after a probe starts the next one of its endpoint is due: `interval`, plus the
+/// drawn fraction `jitter` of `jitter_percent` of it.
+fn wait(hc: &HealthCheckConfig, jitter: f64) -> Duration {
+    let spread = hc.interval.mul_f64(f64::from(hc.jitter_percent) / 100.0);
+    hc.interval + spread.mul_f64(jitter)
+}
+
+/// Uniform fractions in [0, 1) for jitter (xorshift64*: spreading probes needs no more).
+struct Draw(u64);
+
+impl Draw {
+    /// Seeded from the clock and the process: instances started together draw apart.
+    fn seeded() -> Draw {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Draw((t ^ u64::from(std::process::id()).rotate_left(32)) | 1)
+    }
+
+    fn next(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        // The top 53 bits, as a fraction.
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -358,6 +394,30 @@ mod tests {
     }
 
     #[test]
+    fn the_wait_between_probes_is_the_interval_plus_its_drawn_jitter() {
+        let mut hc = crate::config::compile(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\n\
+             endpoints = [\"127.0.0.1:1\"]\nhealth_check = { interval = \"2s\" }\n",
+            "t",
+        )
+        .unwrap()
+        .upstreams[0]
+            .health_check
+            .clone()
+            .unwrap();
+        assert_eq!(hc.jitter_percent, 10, "the default");
+        assert_eq!(wait(&hc, 0.0), Duration::from_secs(2));
+        assert_eq!(wait(&hc, 0.5), Duration::from_millis(2100));
+        hc.jitter_percent = 0;
+        assert_eq!(wait(&hc, 0.9), Duration::from_secs(2));
+        let mut draw = Draw::seeded();
+        let xs: Vec<f64> = (0..1000).map(|_| draw.next()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let mean = xs.iter().sum::<f64>() / 1000.0;
+        assert!((0.4..0.6).contains(&mean), "{mean}");
+    }
+
+    #[test]
     fn status_lines() {
         assert_eq!(parse_status(b"HTTP/1.1 200 OK"), Some(200));
         assert_eq!(parse_status(b"HTTP/1.0 503"), Some(503));
@@ -393,6 +453,7 @@ mod tests {
             timeout: Duration::from_millis(500),
             healthy_threshold: 1,
             unhealthy_threshold: 1,
+            jitter_percent: 0,
         };
         let spec = crate::tls::client::UpstreamTlsSpec {
             insecure_skip_verify: true,
@@ -432,10 +493,12 @@ mod tests {
             timeout: Duration::from_secs(1),
             healthy_threshold: 2,
             unhealthy_threshold: 3,
+            jitter_percent: 0,
         };
         let mut t = Track {
             state: state.clone(),
             last: None,
+            jitter: 0.0,
             probing: false,
             successes: 0,
             failures: 0,
