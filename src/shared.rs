@@ -244,6 +244,10 @@ pub struct Shared {
     pub reloads_ok: CachePadded<AtomicU64>,
     /// See `reloads_ok`.
     pub reloads_failed: CachePadded<AtomicU64>,
+    /// A worker freed enough memory for the system allocator's free pages to be worth giving
+    /// back: the control thread does it (`malloc_trim`, which can take milliseconds, is kept
+    /// off the workers).
+    pub trim_wanted: AtomicBool,
     /// Per-worker metric shards: worker `i` is the only writer of `metrics[i]`; a `/metrics`
     /// scrape on any worker sums them all, so every shard must be readable from every core.
     pub metrics: Box<[CachePadded<WorkerMetrics>]>,
@@ -275,6 +279,7 @@ impl Shared {
             version: CachePadded::new(AtomicU64::new(0)),
             published: ArcSwap::from_pointee(published),
             reloads_ok: CachePadded::new(AtomicU64::new(0)),
+            trim_wanted: AtomicBool::new(false),
             reloads_failed: CachePadded::new(AtomicU64::new(0)),
             metrics: (0..workers)
                 .map(|_| CachePadded::new(WorkerMetrics::default()))

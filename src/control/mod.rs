@@ -591,6 +591,23 @@ pub fn run_dns(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     }
 }
 
+/// Gives the system allocator's free memory back to the system, after a worker's pools freed a
+/// burst's blocks (`Shared::trim_wanted`). Large blocks (the pools', and pipes and buffers of
+/// 16 KiB and more) come from glibc's malloc, which keeps a thread's freed memory mapped unless
+/// it lies at the top of its heap: without this, the resident size after a burst (or an
+/// attack) stayed at its peak. `malloc_trim` walks every arena's free chunks under the arena's
+/// lock, one `madvise` per free run: on a heap fragmented by half-freed blocks it takes 6-20 ms
+/// (1,600 64 KiB to 16,000 20 KiB blocks), so it runs here, not on a worker, where every
+/// connection of the core would wait for it.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes the arenas' locks itself; it only unmaps free pages and
+    // touches no memory that is allocated.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The control loop; returns when `stop` is set.
 pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBool>) {
     let mut next_file = Instant::now() + FILE_POLL;
@@ -636,6 +653,9 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
                 #[allow(clippy::disallowed_methods)] // control thread, not a worker
                 std::thread::sleep(CONTROL_TICK);
             }
+        }
+        if control.shared.trim_wanted.swap(false, Ordering::AcqRel) {
+            release_free_memory();
         }
         if control.shared.is_draining() {
             continue;
@@ -684,7 +704,7 @@ mod tests {
     }
 
     #[test]
-    fn reload_requests_queued_together_are_served_by_one_reload() {
+    fn reload_requests_queued_together_are_served_by_one_reload_and_trims_by_the_loop() {
         let dir = std::env::temp_dir().join(format!("ringway-merge-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ringway.toml");
@@ -709,6 +729,8 @@ mod tests {
         }
         let (logs, logged) = std::sync::mpsc::channel();
         tx.send(Command::ReopenLogs { reply: Some(logs) }).unwrap();
+        // A worker's request to give freed memory back is served by the loop too.
+        shared.trim_wanted.store(true, Ordering::Release);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -724,6 +746,7 @@ mod tests {
         stop.store(true, Ordering::Release);
         thread.join().unwrap();
         assert_eq!(shared.reloads_ok.load(Ordering::Relaxed), 1);
+        assert!(!shared.trim_wanted.load(Ordering::Acquire));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -41,23 +41,8 @@ pub const HEAD_SLACK_BYTES: usize = 4096;
 pub const BODY_BLOCK_BYTES: usize = 64 * 1024;
 
 /// Bytes of blocks a pool trim frees, at least, for the allocator to be asked to give its free
-/// memory back to the system (see [`release_free_memory`]).
+/// memory back to the system (see `control::release_free_memory`).
 const RELEASE_AFTER_BYTES: usize = 1024 * 1024;
-
-/// Gives the system allocator's free memory back to the system, after a burst's blocks were
-/// freed. Large blocks (the pools', and pipes and buffers of 16 KiB and more) come from
-/// glibc's malloc, which keeps a thread's freed memory mapped unless it lies at the top of
-/// its heap: without this, the resident size after a burst (or an attack) stayed at its peak.
-/// `malloc_trim` walks the free chunks of every arena under its lock, so it runs only after
-/// a trim that freed [`RELEASE_AFTER_BYTES`], not every second.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes the arenas' locks itself; it only unmaps free pages and
-    // touches no memory that is allocated.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
 
 /// Length of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
 const DATE_LEN: usize = 29;
@@ -599,7 +584,8 @@ impl Worker {
         if publish_latency {
             let freed = self.pool.trim() + self.body_pool.trim();
             if freed >= RELEASE_AFTER_BYTES {
-                release_free_memory();
+                // Given back by the control thread (see `control::release_free_memory`).
+                self.shared.trim_wanted.store(true, Ordering::Release);
             }
         }
         for up in &self.current().upstreams {
