@@ -52,6 +52,31 @@ const LOOKUP_THREADS_ALIVE: usize = 64;
 
 static LOOKUPS_ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// The names (`host`, `port`) being looked up, by any load: a name whose lookup from an
+/// earlier load still waits for the resolver is not looked up again (it counts as failed and
+/// keeps its last answer), so threads are bounded by distinct names, and a few dead names
+/// refreshed every second cannot take every lookup thread from the names that answer.
+/// (The control, DNS and admin threads only: a lock no worker takes.)
+#[allow(clippy::disallowed_types)]
+static LOOKING_UP: std::sync::Mutex<Vec<(String, u16)>> = std::sync::Mutex::new(Vec::new());
+
+/// Marks `name` as being looked up; false when it already is.
+fn begin_lookup(name: &(String, u16)) -> bool {
+    let mut names = LOOKING_UP.lock().unwrap_or_else(|e| e.into_inner());
+    if names.contains(name) {
+        return false;
+    }
+    names.push(name.clone());
+    true
+}
+
+fn end_lookup(name: &(String, u16)) {
+    let mut names = LOOKING_UP.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = names.iter().position(|n| n == name) {
+        names.swap_remove(i);
+    }
+}
+
 /// The answers for every distinct name (`host`, `port`) of `gen`'s endpoints, looked up in
 /// parallel (at most [`LOOKUP_THREADS`] at once); a name with no answer within `gen`'s
 /// `dns_timeout` gets an error. Address literals are not looked up.
@@ -77,25 +102,32 @@ fn lookup_names(
     let mut queue = names.into_iter();
     let mut running = 0;
     loop {
-        while running < LOOKUP_THREADS {
+        while running < LOOKUP_THREADS && Instant::now() < deadline {
             let Some(name) = queue.next() else { break };
+            if !begin_lookup(&name) {
+                let why = "a lookup of it from before still waits for the resolver";
+                answers.insert(name, Err(why.to_string()));
+                continue;
+            }
             let alive = LOOKUPS_ALIVE.fetch_add(1, Ordering::AcqRel);
             let tx = tx.clone();
             let spawned = alive < LOOKUP_THREADS_ALIVE && {
-                let (host, port) = name.clone();
+                let name = name.clone();
                 std::thread::Builder::new()
                     .name("ringway-dns".into())
                     .spawn(move || {
-                        let answer = lookup(&host, port);
+                        let answer = lookup(&name.0, name.1);
+                        end_lookup(&name);
                         LOOKUPS_ALIVE.fetch_sub(1, Ordering::AcqRel);
                         // (The load may have stopped waiting: the answer is dropped.)
-                        let _ = tx.send(((host, port), answer));
+                        let _ = tx.send((name, answer));
                     })
                     .is_ok()
             };
             if spawned {
                 running += 1;
             } else {
+                end_lookup(&name);
                 LOOKUPS_ALIVE.fetch_sub(1, Ordering::AcqRel);
                 let why = "no lookup thread free (earlier lookups still wait for the resolver)";
                 answers.insert(name, Err(why.to_string()));
@@ -598,7 +630,9 @@ pub fn run_dns(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
 /// attack) stayed at its peak. `malloc_trim` walks every arena's free chunks under the arena's
 /// lock, one `madvise` per free run: on a heap fragmented by half-freed blocks it takes 6-20 ms
 /// (1,600 64 KiB to 16,000 20 KiB blocks), so it runs here, not on a worker, where every
-/// connection of the core would wait for it.
+/// connection of the core would wait for it. (A worker that needs glibc's lock of the arena
+/// being walked meanwhile still waits for it; workers take their blocks from their pools
+/// and go to glibc only when a pool runs dry.)
 fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes the arenas' locks itself; it only unmaps free pages and
@@ -672,10 +706,10 @@ pub fn run(mut control: Control, commands: Receiver<Command>, stop: Arc<AtomicBo
 mod tests {
     use super::*;
 
-    /// Answers every name with 127.0.0.1 (`slow.test` after 3 s).
+    /// Answers every name with 127.0.0.1 (`slow.test` and `stuck.test` after 3 s).
     #[allow(clippy::disallowed_methods)] // a stand-in for a resolver that does not answer
     fn slow_for_one(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
-        if host == "slow.test" {
+        if host == "slow.test" || host == "stuck.test" {
             std::thread::sleep(Duration::from_secs(3));
         }
         Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))])
@@ -751,6 +785,19 @@ mod tests {
     }
 
     #[test]
+    fn a_name_whose_lookup_still_waits_is_not_looked_up_again() {
+        let gen = with_names(&["stuck.test"], "200ms");
+        let book = StateBook::new(None, 1);
+        let e = resolve(&gen, &book, None, true, slow_for_one).unwrap_err();
+        assert!(e.contains("dns_timeout"), "{e}");
+        // The first lookup's thread still waits: no second one for the same name.
+        let started = Instant::now();
+        let e = resolve(&gen, &book, None, true, slow_for_one).unwrap_err();
+        assert!(e.contains("still waits"), "{e}");
+        assert!(started.elapsed() < Duration::from_millis(150));
+    }
+
+    #[test]
     fn names_are_looked_up_at_once_not_one_after_another() {
         let names: Vec<String> = (0..10).map(|i| format!("n{i}.test")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -774,6 +821,8 @@ mod tests {
     fn a_name_without_an_answer_in_time_fails_the_load_or_keeps_its_last_answer() {
         let gen = Arc::new(with_names(&["a.test", "slow.test"], "200ms"));
         let book = StateBook::new(None, 1);
+        let before = resolve(&gen, &book, None, true, answers_at_once).unwrap();
+        let previous = Published::new(1, gen.clone(), before, &book);
         // A load with nothing to fall back on is refused, within dns_timeout.
         let started = Instant::now();
         let e = resolve(&gen, &book, None, true, slow_for_one).unwrap_err();
@@ -786,9 +835,8 @@ mod tests {
             e.contains("slow.test:80") && e.contains("dns_timeout"),
             "{e}"
         );
-        // With the answers in force, the slow name keeps its own and the other is renewed.
-        let before = resolve(&gen, &book, None, true, answers_at_once).unwrap();
-        let previous = Published::new(1, gen.clone(), before, &book);
+        // With the answers in force, the slow name keeps its own and the other is renewed
+        // (the slow name's lookup from above, still waiting, is not started again).
         let started = Instant::now();
         let table = resolve(&gen, &book, Some(&previous), true, slow_for_one).unwrap();
         assert!(
