@@ -245,8 +245,8 @@ pub struct Shared {
     /// See `reloads_ok`.
     pub reloads_failed: CachePadded<AtomicU64>,
     /// A worker freed enough memory for the system allocator's free pages to be worth giving
-    /// back: the control thread does it (`malloc_trim`, which can take milliseconds, is kept
-    /// off the workers).
+    /// back: the control thread does it (`malloc_trim` can take milliseconds: not on a
+    /// worker's loop).
     pub trim_wanted: AtomicBool,
     /// Per-worker metric shards: worker `i` is the only writer of `metrics[i]`; a `/metrics`
     /// scrape on any worker sums them all, so every shard must be readable from every core.

@@ -440,7 +440,7 @@ fn a_request_whose_total_timeout_passed_while_queued_is_not_sent() {
         "workers = 1",
         &quoted(&[origin.addr]),
         "max_connections = 1\nmax_pending = 1\nconnect_timeout = \"5s\"\n\
-         retries = { attempts = 1, total_timeout = \"300ms\" }",
+         retries = { attempts = 1, total_timeout = \"1s\" }",
     );
     let addr = p.addr;
     // A POST's body streams: its wait for the head is not bounded by the total timeout.
@@ -1394,6 +1394,7 @@ fn health_probes_spread_by_their_jitter() {
     let (min, max) = (*gaps.iter().min().unwrap(), *gaps.iter().max().unwrap());
     // Never before the interval; spread over up to another interval (the checker looks every
     // 50 ms): twelve gaps of a fixed wait would sit within one look of each other.
-    assert!(min >= Duration::from_millis(190), "{gaps:?}");
+    // (Measured where the probes land: a probe's start-up and connect are in the gaps.)
+    assert!(min >= Duration::from_millis(150), "{gaps:?}");
     assert!(max - min >= Duration::from_millis(60), "{gaps:?}");
 }

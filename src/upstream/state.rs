@@ -608,7 +608,8 @@ impl UpstreamState {
             Some(mut arc) => match Arc::get_mut(&mut arc) {
                 Some(h) => {
                     h.reset();
-                    // Same bounds: adding cannot fail or grow.
+                    // (Auto-resizing: adding cannot fail; the spare grows once for each
+                    // growth of the worker's own, up to the clamp.)
                     let _ = h.add(local);
                     arc
                 }
