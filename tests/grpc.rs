@@ -1939,6 +1939,33 @@ fn a_call_waiting_for_a_stream_ends_at_its_own_deadline() {
 }
 
 #[test]
+fn a_call_ends_at_its_deadline_while_its_connection_is_being_made() {
+    // connect_timeout is 5 s, the call's deadline 300 ms: it ends at its deadline, the
+    // client's doing, not the endpoint's failure.
+    let hole = unanswering();
+    let proxy = proxy_to_h2_with(hole.addr, "connect_timeout = \"5s\"");
+    let (status, headers, .., took, _) = rt().block_on(call(
+        proxy.addr,
+        "/echo.Svc/Unary",
+        &frame(b"x"),
+        Some("300m"),
+    ));
+    assert_eq!(
+        (
+            status,
+            headers.get("grpc-status").map(|v| v.to_str().unwrap())
+        ),
+        (200, Some("4")),
+        "{headers:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    assert_no_upstream_failures(proxy.addr);
+}
+
+#[test]
 fn a_call_whose_upstream_connect_timed_out_is_unavailable() {
     // The call never reached a server: UNAVAILABLE, the code a client may retry on, not
     // DEADLINE_EXCEEDED (which tells it its own deadline passed).

@@ -205,6 +205,25 @@ fn connect_timeout_is_504() {
 }
 
 #[test]
+fn a_connect_ends_at_the_total_timeout() {
+    let hole = unanswering();
+    let addr = hole.addr;
+    let proxy = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [\"{addr}\"]\nconnect_timeout = \"5s\"\n\
+         retries = {{ total_timeout = \"300ms\" }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n"
+    ));
+    let started = Instant::now();
+    let r = proxy.connect().get("/");
+    envelope_ok(&r, 504, "upstream_timeout");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn upstream_abort_mid_body_truncates_and_the_next_request_works() {
     let origin = Origin::start(|req| {
         if req.target == "/abort" {

@@ -428,7 +428,16 @@ async fn acquire(
         match wait.pick(up, key, tried, w, now) {
             Some(Ok(ep)) => {
                 let inflight = ep.begin(w.id, up);
-                match up.connect(&ep, false, replayable, now).await {
+                // The connect too ends by the request's own deadline (unblamed: the endpoint
+                // may only be slower than the request could wait).
+                let connected = {
+                    let connect = std::pin::pin!(up.connect(&ep, false, replayable, now));
+                    crate::worker::deadline::within(by, connect).await
+                };
+                let Some(connected) = connected else {
+                    return Err(AcquireFail::Deadline);
+                };
+                match connected {
                     Ok(c) => {
                         tried.add(&ep);
                         return Ok((inflight, c, now));

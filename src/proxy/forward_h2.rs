@@ -207,7 +207,15 @@ async fn acquire(
         match wait.pick(up, key, tried, w, now) {
             Some(Ok(ep)) => {
                 let inflight = ep.begin(w.id, up);
-                let err = match up.h2_stream(&ep, w.pool.block_size()).await {
+                // The connect too ends by the request's own deadline (unblamed).
+                let stream = {
+                    let opening = std::pin::pin!(up.h2_stream(&ep, w.pool.block_size()));
+                    within(by, opening).await
+                };
+                let Some(stream) = stream else {
+                    return Err(AcquireFail::Deadline);
+                };
+                let err = match stream {
                     Ok(stream) => {
                         tried.add(&ep);
                         return Ok((ep, inflight, Ok(stream), now));
