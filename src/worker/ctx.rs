@@ -44,6 +44,22 @@ pub const BODY_BLOCK_BYTES: usize = 64 * 1024;
 /// memory back to the system (see `control::release_free_memory`).
 const RELEASE_AFTER_BYTES: usize = 1024 * 1024;
 
+/// The wall clock as the Date header can show it: httpdate panics before 1970 and from the
+/// year 10000 on, and a clock stepped there (a bad manual `date`, a VM restored wrong) must
+/// not end every worker on its next tick. Outside that range the nearest end is shown.
+fn date_clock(now: SystemTime) -> SystemTime {
+    // 9999-12-31T23:59:59Z.
+    const LAST: Duration = Duration::from_secs(253_402_300_799);
+    let last = SystemTime::UNIX_EPOCH + LAST;
+    if now < SystemTime::UNIX_EPOCH {
+        SystemTime::UNIX_EPOCH
+    } else if now > last {
+        last
+    } else {
+        now
+    }
+}
+
 /// Length of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
 const DATE_LEN: usize = 29;
 
@@ -295,7 +311,8 @@ impl Worker {
             clock: Cell::new(Instant::now()),
             clock_ms: Cell::new(0),
             ticks: Cell::new(0),
-            date: RefCell::new((0, [0; DATE_LEN], None)),
+            // (No second matches: the first refresh always formats.)
+            date: RefCell::new((u64::MAX, [0; DATE_LEN], None)),
             access_log: RefCell::new(AccessLog::new(shared.access_log.clone())),
             logs_requests: Cell::new(false),
             shared,
@@ -460,7 +477,7 @@ impl Worker {
     }
 
     fn refresh_date(&self) {
-        let now = SystemTime::now();
+        let now = date_clock(SystemTime::now());
         let secs = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -628,5 +645,33 @@ impl Worker {
             new_sockets.clear();
         }
         new_sockets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_date_clock_stays_where_the_date_header_can_show_it() {
+        let epoch = SystemTime::UNIX_EPOCH;
+        let a_day = Duration::from_secs(86_400);
+        let cases = [
+            (epoch - a_day, "Thu, 01 Jan 1970 00:00:00 GMT"),
+            (
+                epoch + Duration::from_secs(300_000_000_000),
+                "Fri, 31 Dec 9999 23:59:59 GMT",
+            ),
+            (
+                epoch + Duration::from_secs(1_000_000_000),
+                "Sun, 09 Sep 2001 01:46:40 GMT",
+            ),
+        ];
+        for (clock, shown) in cases {
+            // (httpdate panics on the first two unclamped.)
+            let text = httpdate::HttpDate::from(date_clock(clock)).to_string();
+            assert_eq!(text, shown);
+            assert_eq!(text.len(), DATE_LEN);
+        }
     }
 }
