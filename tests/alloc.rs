@@ -16,6 +16,9 @@ struct Counting;
 
 static WORKER_ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+/// Bytes asked for by those allocations (a realloc counts its new size).
+static WORKER_BYTES: AtomicU64 = AtomicU64::new(0);
+
 /// The count is process-wide: one test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -43,6 +46,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if on_worker() {
             WORKER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            WORKER_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
@@ -56,6 +60,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if on_worker() {
             WORKER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            WORKER_BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -126,4 +131,32 @@ fn the_access_log_allocates_once_per_batch_not_per_request() {
         .lines()
         .count();
     assert_eq!(lines, 11_000, "every request has its line");
+}
+
+/// A head declaring a body the route would buffer for retries (up to `buffer_max_bytes`), with
+/// no body after it: nothing of the declared size is reserved before the bytes come.
+#[test]
+fn a_declared_body_is_not_reserved_before_it_comes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let origin = Origin::ok("ok");
+    let proxy = Proxy::start(&format!(
+        "workers = 1\n[[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n\
+         retries = {{ attempts = 2, buffer_max_bytes = 67108864 }}\n\
+         [[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
+        origin.addr
+    ));
+    let mut warm = proxy.connect();
+    assert_eq!(warm.get("/").status, 200);
+    let before = WORKER_BYTES.load(Ordering::Relaxed);
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut c = proxy.connect();
+        c.send(b"PUT /p HTTP/1.1\r\nHost: a\r\nContent-Length: 67108864\r\n\r\nx");
+        held.push(c);
+    }
+    // The worker has read every head (the origin saw none: the bodies are being collected).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let asked = WORKER_BYTES.load(Ordering::Relaxed) - before;
+    assert!(asked < 8 << 20, "{asked} bytes asked for by 8 heads");
+    drop(held);
 }

@@ -722,6 +722,7 @@ pub(super) async fn proxy(
         BodyFraming::Length(n)
             if method_retryable && policy.attempts > 1 && n <= policy.buffer_max_bytes as u64 =>
         {
+            // (Within `buffer_max_bytes`, at most 64 MiB: it fits a usize.)
             match collect_body(w, cg, conn, info, head_len, n as usize).await {
                 Ok(b) => BodyPlan::Buffered(b),
                 Err(e) => {
@@ -1032,6 +1033,9 @@ pub(super) async fn backoff(
     Err(fail(w, cg, conn, info, cancelled(), true).await)
 }
 
+/// What [`collect_body`] reserves before any of the body came.
+const COLLECT_FIRST_BYTES: usize = 64 * 1024;
+
 /// Reads a whole Content-Length body of `n` bytes (within the replay buffer limit) into
 /// memory, leaving the request head at the front of the read buffer.
 pub(super) async fn collect_body(
@@ -1042,7 +1046,9 @@ pub(super) async fn collect_body(
     head_len: usize,
     n: usize,
 ) -> Result<Vec<u8>, Error> {
-    let mut body = Vec::with_capacity(n);
+    // Grown as the bytes come, not reserved as declared: heads declaring `buffer_max_bytes`
+    // (up to 64 MiB) on many connections, with no body to follow, reserve nothing.
+    let mut body = Vec::with_capacity(n.min(COLLECT_FIRST_BYTES));
     let mut continued = false;
     let mut ack = QuickAck::default();
     loop {
@@ -1229,7 +1235,8 @@ async fn exchange(
                 conn.consume_head(head_len);
                 bstate.touched = true;
                 if let (BodyFraming::Length(n), Some(rbuf)) = (info.framing, conn.rbuf.as_mut()) {
-                    let n = n as usize;
+                    // (A length beyond usize, on a 32-bit target, is never here whole.)
+                    let n = usize::try_from(n).unwrap_or(usize::MAX);
                     if rbuf.len() >= n && ubuf.spare() >= n {
                         let _ = ubuf.put(&rbuf.data()[..n]);
                         rbuf.consume(n);
