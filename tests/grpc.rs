@@ -1898,6 +1898,25 @@ fn streams_queued_behind_the_upstream_limit_are_bounded() {
     assert!(results[2].2 < Duration::from_millis(1400), "{results:?}");
 }
 
+/// A unary call with a 300 ms deadline through `addr` gets DEADLINE_EXCEEDED at about its
+/// deadline (well before any `connect_timeout` of seconds).
+fn a_300ms_call_ends_at_its_deadline(addr: SocketAddr) {
+    let (status, headers, .., took, _) =
+        rt().block_on(call(addr, "/echo.Svc/Unary", &frame(b"x"), Some("300m")));
+    assert_eq!(
+        (
+            status,
+            headers.get("grpc-status").map(|v| v.to_str().unwrap())
+        ),
+        (200, Some("4")),
+        "{headers:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+}
+
 #[test]
 fn a_call_waiting_for_a_stream_ends_at_its_own_deadline() {
     // One connection, one stream at a time: one request holds it, one more is queued on it
@@ -1914,24 +1933,7 @@ fn a_call_waiting_for_a_stream_ends_at_its_own_deadline() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(400));
-    let (status, headers, .., took, _) = rt().block_on(call(
-        proxy.addr,
-        "/echo.Svc/Unary",
-        &frame(b"x"),
-        Some("300m"),
-    ));
-    assert_eq!(
-        (
-            status,
-            headers.get("grpc-status").map(|v| v.to_str().unwrap())
-        ),
-        (200, Some("4")),
-        "{headers:?}"
-    );
-    assert!(
-        took < Duration::from_millis(1500),
-        "answered after {took:?}"
-    );
+    a_300ms_call_ends_at_its_deadline(proxy.addr);
     for h in holders {
         assert_eq!(h.join().unwrap(), 200);
     }
@@ -1944,24 +1946,7 @@ fn a_call_ends_at_its_deadline_while_its_connection_is_being_made() {
     // client's doing, not the endpoint's failure.
     let hole = unanswering();
     let proxy = proxy_to_h2_with(hole.addr, "connect_timeout = \"5s\"");
-    let (status, headers, .., took, _) = rt().block_on(call(
-        proxy.addr,
-        "/echo.Svc/Unary",
-        &frame(b"x"),
-        Some("300m"),
-    ));
-    assert_eq!(
-        (
-            status,
-            headers.get("grpc-status").map(|v| v.to_str().unwrap())
-        ),
-        (200, Some("4")),
-        "{headers:?}"
-    );
-    assert!(
-        took < Duration::from_millis(1500),
-        "answered after {took:?}"
-    );
+    a_300ms_call_ends_at_its_deadline(proxy.addr);
     assert_no_upstream_failures(proxy.addr);
 }
 
