@@ -34,6 +34,8 @@ struct PoolShared {
     hold_max: Cell<usize>,
     /// The fewest idle blocks since the last trim: that many were not needed all along.
     low_water: Cell<usize>,
+    /// Blocks allocated and not yet freed, idle or in use.
+    live: Cell<usize>,
 }
 
 /// A worker's pool of equally sized blocks.
@@ -61,6 +63,7 @@ impl BufPool {
                 max_free: Cell::new(MAX_FREE_BLOCKS),
                 hold_max: Cell::new(MAX_FREE_BLOCKS),
                 low_water: Cell::new(0),
+                live: Cell::new(0),
             }),
         }
     }
@@ -78,6 +81,7 @@ impl BufPool {
         // An unchanged budget (any reload sets it) leaves a busy pool's blocks to the trim.
         if lowered {
             let mut free = s.free.borrow_mut();
+            s.live.set(s.live.get() - free.len().saturating_sub(max));
             free.truncate(max);
             s.low_water.set(s.low_water.get().min(free.len()));
         }
@@ -102,6 +106,7 @@ impl BufPool {
             .min(s.low_water.get());
         let keep = free.len() - surplus;
         free.truncate(keep);
+        s.live.set(s.live.get() - surplus);
         s.low_water.set(keep);
         surplus * s.block_size
     }
@@ -116,6 +121,11 @@ impl BufPool {
         self.shared.free.borrow().len()
     }
 
+    /// Blocks of this pool that exist: idle in it, or taken and not yet dropped.
+    pub fn live(&self) -> usize {
+        self.shared.live.get()
+    }
+
     /// Takes an empty block, reusing an idle one when there is one.
     pub fn take(&self) -> Block {
         let s = &self.shared;
@@ -126,7 +136,10 @@ impl BufPool {
         if left < s.low_water.get() {
             s.low_water.set(left);
         }
-        let mem = mem.unwrap_or_else(|| vec![0u8; s.block_size].into_boxed_slice());
+        let mem = mem.unwrap_or_else(|| {
+            s.live.set(s.live.get() + 1);
+            vec![0u8; s.block_size].into_boxed_slice()
+        });
         Block {
             mem: Some(mem),
             start: 0,
@@ -276,11 +289,11 @@ impl Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(mem) = self.mem.take() {
-            if mem.len() == self.pool.block_size {
-                let mut free = self.pool.free.borrow_mut();
-                if free.len() < self.pool.hold_max.get() {
-                    free.push(mem);
-                }
+            let mut free = self.pool.free.borrow_mut();
+            if free.len() < self.pool.hold_max.get() {
+                free.push(mem);
+            } else {
+                self.pool.live.set(self.pool.live.get() - 1);
             }
         }
     }
@@ -330,8 +343,10 @@ mod tests {
         // the rest are freed; the trim right after keeps them (they were in use since the
         // last one), the next one frees all but the 16 the budget holds.
         let burst: Vec<Block> = (0..100).map(|_| pool.take()).collect();
+        assert_eq!(pool.live(), 100);
         drop(burst);
         assert_eq!(pool.idle(), 64);
+        assert_eq!(pool.live(), 64, "the blocks beyond were freed");
         // The same budget again (every reload sets it) frees nothing.
         pool.set_idle_bytes(1024 * 1024);
         assert_eq!(pool.idle(), 64);
@@ -339,14 +354,19 @@ mod tests {
         assert_eq!(pool.idle(), 64);
         assert_eq!(pool.trim(), 48 * 64 * 1024, "the bytes freed");
         assert_eq!(pool.idle(), 16);
+        assert_eq!(pool.live(), 16);
         // Lowered live: idle blocks beyond go at once.
         pool.set_idle_bytes(128 * 1024);
         assert_eq!(pool.idle(), 2);
+        assert_eq!(pool.live(), 2);
+        let busy = pool.take();
+        assert_eq!((pool.idle(), pool.live()), (1, 2), "a taken block is live");
+        drop(busy);
         // No budget: nothing is kept, not even until a trim.
         pool.set_idle_bytes(0);
         assert_eq!(pool.idle(), 0);
         drop(pool.take());
-        assert_eq!(pool.idle(), 0);
+        assert_eq!((pool.idle(), pool.live()), (0, 0));
         // At most MAX_FREE_BLOCKS come back, whatever the budget.
         let small = BufPool::new(1024);
         small.set_idle_bytes(usize::MAX);

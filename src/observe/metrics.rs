@@ -51,7 +51,17 @@ pub struct WorkerMetrics {
     pub access_log_lines: AtomicU64,
     /// Access log lines dropped because the writer thread was behind.
     pub access_log_dropped_lines: AtomicU64,
+    /// Bytes of the worker's pooled I/O blocks, by [`BUFFER_SERIES`] (set once a second).
+    pub buffer_bytes: [AtomicU64; 4],
 }
+
+/// The `pool` and `state` labels of [`WorkerMetrics::buffer_bytes`], in order.
+pub const BUFFER_SERIES: [(&str, &str); 4] = [
+    ("head", "in_use"),
+    ("head", "idle"),
+    ("body", "in_use"),
+    ("body", "idle"),
+];
 
 /// Adds `n` to a single-writer counter.
 #[inline]
@@ -166,6 +176,19 @@ pub fn render(shards: &[CachePadded<WorkerMetrics>], info: Info<'_>, out: &mut S
     for (i, s) in shards.iter().enumerate() {
         let g = s.generation.load(Ordering::Relaxed);
         let _ = writeln!(out, "ringway_worker_generation{{worker=\"{i}\"}} {g}");
+    }
+    help(
+        out,
+        "ringway_buffer_bytes",
+        "gauge",
+        "Bytes of pooled I/O blocks, by pool (head: heads and small bodies; body: large bodies in flight) and state (in_use: held by a connection or an operation; idle: kept for reuse), as of each worker's last second.",
+    );
+    for (i, (pool, state)) in BUFFER_SERIES.iter().enumerate() {
+        let n = sum(shards, |s| &s.buffer_bytes[i]);
+        let _ = writeln!(
+            out,
+            "ringway_buffer_bytes{{pool=\"{pool}\",state=\"{state}\"}} {n}"
+        );
     }
     let _ = writeln!(
         out,

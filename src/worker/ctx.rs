@@ -604,6 +604,13 @@ impl Worker {
                 // Given back by the control thread (see `control::release_free_memory`).
                 self.shared.trim_wanted.store(true, Ordering::Release);
             }
+            let m = self.metrics();
+            for (i, pool) in [&self.pool, &self.body_pool].into_iter().enumerate() {
+                let size = pool.block_size() as u64;
+                let (live, idle) = (pool.live() as u64, pool.idle() as u64);
+                m.buffer_bytes[2 * i].store(live.saturating_sub(idle) * size, Ordering::Relaxed);
+                m.buffer_bytes[2 * i + 1].store(idle * size, Ordering::Relaxed);
+            }
         }
         for up in &self.current().upstreams {
             up.reap(now);
