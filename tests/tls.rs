@@ -10,6 +10,7 @@ mod support;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -240,7 +241,7 @@ fn https_is_served_with_the_sni_certificate_and_forwarded_proto() {
         "default"
     );
 
-    let m = metrics_tls(addr);
+    let m = metric_tls(addr, "ringway_tls_handshakes_total");
     assert!(m >= 4.0, "{m}");
     server.shutdown();
     server.join();
@@ -263,13 +264,59 @@ fn a_redirect_on_a_tls_listener_keeps_https() {
     server.join();
 }
 
-fn metrics_tls(addr: SocketAddr) -> f64 {
+/// The value of the series `series` (name and labels) scraped over TLS.
+fn metric_tls(addr: SocketAddr, series: &str) -> f64 {
     let mut c = TlsClient::connect(addr, "default.test");
     let text = c.request("default.test", "/metrics").text();
     text.lines()
-        .find_map(|l| l.strip_prefix("ringway_tls_handshakes_total "))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.parse().ok())
         .unwrap()
+}
+
+#[test]
+fn idle_tls_connections_hold_no_head_block_and_take_key_updates() {
+    const CONNS: usize = 16;
+    let dir = Dir::new("tls-idle");
+    write_certs(&dir);
+    let origin = Origin::start(|r| Reply::text(200, &r.target));
+    let (server, addr) = start(&dir, &tls_config(&dir, origin.addr, ""));
+    let mut conns: Vec<TlsClient> = (0..CONNS)
+        .map(|_| TlsClient::connect(addr, "a.test"))
+        .collect();
+    for c in &mut conns {
+        assert_eq!(c.request("a.test", "/first").text(), "/first");
+    }
+    // Each head block is at least 16 KiB. (The gauges are set once a second; the blocks
+    // the connections gave back show as idle.)
+    let held = (CONNS * 16 * 1024) as f64;
+    let mut blocks = (0.0, 0.0);
+    let settled = wait_until(Duration::from_secs(5), || {
+        let series = |state| format!("ringway_buffer_bytes{{pool=\"head\",state=\"{state}\"}}");
+        blocks = (
+            metric_tls(addr, &series("in_use")),
+            metric_tls(addr, &series("idle")),
+        );
+        blocks.1 >= held
+    });
+    assert!(settled, "{blocks:?}");
+    assert!(
+        blocks.0 < held / 4.0,
+        "idle connections hold their blocks: {blocks:?}"
+    );
+    // A key update while idle (rustls asks for one back) is taken in the wait, and the
+    // connections serve what comes after.
+    for (i, c) in conns.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            c.stream.get_mut().conn.refresh_traffic_keys().unwrap();
+            c.stream.get_mut().flush().unwrap();
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(c.request("a.test", "/second").text(), "/second");
+        assert_eq!(c.request("a.test", "/third").text(), "/third");
+    }
+    server.shutdown();
+    server.join();
 }
 
 #[test]

@@ -159,6 +159,21 @@ impl TlsReadHalf {
         Ok(())
     }
 
+    /// Waits until plaintext can be read, the peer closed, or the connection failed, holding
+    /// no buffer of the caller's.
+    async fn wait_plain(&mut self) -> io::Result<()> {
+        loop {
+            if self.eof {
+                return Ok(());
+            }
+            // (rustls wants no more once plaintext or the peer's close_notify waits.)
+            if !self.tls.borrow().wants_read() {
+                return Ok(());
+            }
+            self.fill().await?;
+        }
+    }
+
     /// Reads plaintext into `buf`'s spare bytes.
     async fn read_plain<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
         let cap = buf.bytes_total().min(PLAIN_SCRATCH);
@@ -260,6 +275,18 @@ impl TlsWriteHalf {
 }
 
 impl TlsStream {
+    /// Waits until a read would return at once (plaintext, the peer's close or an error),
+    /// holding no buffer of the caller's: an idle keep-alive connection waits in its TLS
+    /// state's ciphertext buffer only.
+    pub async fn wait_readable(&mut self) -> io::Result<()> {
+        let out = self.r.wait_plain().await;
+        // Post-handshake messages (a key update) may want an answer.
+        if self.w.wants_write() {
+            let _ = self.w.flush_out().await;
+        }
+        out
+    }
+
     /// Runs the server handshake on `tcp` with `config`, within `timeout`.
     pub async fn accept(
         tcp: TcpStream,
