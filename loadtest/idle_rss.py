@@ -4,7 +4,8 @@
 
 Starts the project's origin and ringway (loadtest/ringway.toml), opens N cleartext
 connections that each make one request and then sit idle, and reads ringway's VmRSS; then
-the same over TLS with a fresh ringway. Prints the growth per connection in KiB. Build first
+the same with a fresh ringway for each of TLS, h2c (prior knowledge) and HTTP/2 over TLS
+(ALPN h2). Prints the growth per connection in KiB. Build first
 (`cargo build --release --bin ringway --example origin`). Everything runs on loopback,
 bounded by N; what it started is stopped and its temporary directory removed.
 """
@@ -26,16 +27,50 @@ ROOT = os.path.dirname(HERE)
 ORIGIN_PORT, PORT = 19500, 19501
 
 
-def idle_growth(pid, n, connect):
+def h1_request(c):
+    """One HTTP/1.1 request on `c`; returns once its answer's first bytes came."""
+    c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    c.recv(4096)
+
+
+def recv_exact(c, n):
+    data = b""
+    while len(data) < n:
+        more = c.recv(n - len(data))
+        if not more:
+            raise ConnectionError("closed")
+        data += more
+    return data
+
+
+def h2_request(c):
+    """The HTTP/2 preface and one GET / on stream 1 (HPACK: :method GET, :path /, :scheme
+    http from the static table, :authority localhost); returns once the stream ended. The
+    server's SETTINGS are acknowledged."""
+    authority = b"localhost"
+    block = b"\x82\x84\x86\x41" + bytes([len(authority)]) + authority
+    headers = len(block).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big") + block
+    c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + headers)
+    while True:
+        head = recv_exact(c, 9)
+        length, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
+        stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+        recv_exact(c, length)
+        if kind == 4 and not flags & 1:
+            c.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")
+        if stream == 1 and kind in (0, 1) and flags & 1:
+            return
+
+
+def idle_growth(pid, n, connect, request):
     """RSS growth per connection (KiB) over `n` connections made by `connect`, each idle
-    after one request."""
+    after one `request`."""
     before = rss_kib(pid)
     conns = []
     try:
         for _ in range(n):
             c = connect()
-            c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            c.recv(4096)
+            request(c)
             conns.append(c)
         time.sleep(0.5)
         return (rss_kib(pid) - before) / n
@@ -67,20 +102,27 @@ def main():
 
     origin = subprocess.Popen([os.path.join(ROOT, "target/release/examples/origin"), f"127.0.0.1:{ORIGIN_PORT}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    def tls_context(alpn):
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols([alpn])
+        return ctx
+    ctx, ctx_h2 = tls_context("http/1.1"), tls_context("h2")
     # A fresh process (on ports of its own: a killed ring lets go of its sockets a little
     # later) for each kind: memory the first kind's connections gave back would be reused by
     # the second's.
     kinds = [
-        ("cleartext", PORT, lambda: socket.create_connection(("127.0.0.1", PORT))),
+        ("cleartext", PORT, lambda: socket.create_connection(("127.0.0.1", PORT)), h1_request),
         ("TLS", PORT + 10, lambda: ctx.wrap_socket(socket.create_connection(("127.0.0.1", PORT + 11)),
-                                                   server_hostname="localhost")),
+                                                   server_hostname="localhost"), h1_request),
+        ("h2c", PORT + 20, lambda: socket.create_connection(("127.0.0.1", PORT + 20)), h2_request),
+        ("h2 TLS", PORT + 30, lambda: ctx_h2.wrap_socket(socket.create_connection(("127.0.0.1", PORT + 31)),
+                                                         server_hostname="localhost"), h2_request),
     ]
     results = []
     try:
-        for name, port, connect in kinds:
+        for name, port, connect, request in kinds:
             proxy = subprocess.Popen([args.binary, "--config", config(port)], stdout=subprocess.DEVNULL,
                                      stderr=open(os.path.join(work, name + ".log"), "w"),
                                      env=dict(os.environ, RUST_LOG="warn"))
@@ -88,7 +130,7 @@ def main():
                 if not (wait_port(ORIGIN_PORT) and wait_port(port) and wait_port(port + 1)):
                     sys.exit(f"ringway or the origin did not start; see {work}/{name}.log")
                 time.sleep(0.5)  # the workers take over the bound sockets
-                results.append(f"{name} {idle_growth(proxy.pid, args.conns, connect):.1f} KiB")
+                results.append(f"{name} {idle_growth(proxy.pid, args.conns, connect, request):.1f} KiB")
             finally:
                 proxy.kill()
                 proxy.wait()
