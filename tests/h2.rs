@@ -149,6 +149,38 @@ fn h2c_requests_reach_an_http1_origin_with_host_and_cookies_mapped() {
     assert!(m["ringway_h2_streams_total"] >= 2.0);
 }
 
+/// Client connections open (the scrape's own included), summed over workers.
+fn connections_active(addr: SocketAddr) -> f64 {
+    metrics(addr)["ringway_connections_active"]
+}
+
+/// [`connections_active`] from within the tokio runtime of the test's client.
+async fn connections_active_now(addr: SocketAddr) -> f64 {
+    tokio::task::spawn_blocking(move || connections_active(addr))
+        .await
+        .unwrap()
+}
+
+#[test]
+fn an_h2c_connection_counts_as_open_until_it_closes() {
+    // Served in a task of its own after its preface is detected, it is counted open there
+    // (against `max_connections`) until it ends.
+    let origin = echo_origin();
+    let proxy = Proxy::to(origin.addr, "");
+    assert_eq!(connections_active(proxy.addr), 1.0, "the scrape's own");
+    let addr = proxy.addr;
+    rt().block_on(async move {
+        let mut c = h2c(addr).await;
+        let (status, _, _) = request(&mut c, "GET", "http://t/x", None).await;
+        assert_eq!(status, 200);
+        let open = connections_active_now(addr).await;
+        assert_eq!(open, 2.0, "the h2c connection and the scrape");
+    });
+    // The runtime and its connection are gone.
+    let closed = wait_until(Duration::from_secs(5), || connections_active(addr) == 1.0);
+    assert!(closed, "{}", connections_active(addr));
+}
+
 #[test]
 fn concurrent_streams_and_large_bodies_both_ways() {
     let origin = echo_origin();
@@ -383,13 +415,14 @@ fn h2_over_tls_by_alpn_with_421() {
     let text = format!(
         "workers = 1\ncpus = []\nlog_level = \"warn\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\
          [listeners.tls]\ncert = \"a.pem\"\nkey = \"a.key\"\n\
+         [[listeners]]\naddress = \"127.0.0.2:0\"\n\
          [[upstreams]]\nname = \"up\"\nendpoints = [\"{}\"]\n[[routes]]\npath_prefix = \"/\"\nproxy = \"up\"\n",
         origin.addr
     );
     dir.write(&text);
     ringway::observe::log::init("warn");
     let server = ringway::Server::start(ringway::config::load(&dir.config()).unwrap()).unwrap();
-    let addr = server.local_addrs()[0];
+    let (addr, plain) = (server.local_addrs()[0], server.local_addrs()[1]);
     let der = ck.cert.der().clone();
     rt().block_on(async move {
         let mut roots = rustls::RootCertStore::empty();
@@ -421,7 +454,13 @@ fn h2_over_tls_by_alpn_with_421() {
         let (status, _, got) =
             request(&mut c, "POST", "https://a.test/echo", Some(big.clone())).await;
         assert_eq!((status, fnv(&got)), (200, fnv(&big)));
+        // Served in a task of its own after the handshake, it counts as open (against
+        // `max_connections`) until it ends.
+        let open = connections_active_now(plain).await;
+        assert_eq!(open, 2.0, "the h2 connection and the scrape");
     });
+    let closed = wait_until(Duration::from_secs(5), || connections_active(plain) == 1.0);
+    assert!(closed, "{}", connections_active(plain));
     server.shutdown();
     server.join();
 }

@@ -84,6 +84,9 @@ pub struct ClientConn {
     listener: Option<Admitted>,
     /// What the access log says of the exchange in progress.
     log: ExchangeLog,
+    /// Counts the connection closed when it drops (last: after the socket closed). `None`
+    /// for an HTTP/2 stream.
+    guard: Option<ConnGuard>,
 }
 
 impl ClientConn {
@@ -207,11 +210,19 @@ pub struct ReqInfo {
     pub grpc_deadline: Option<Instant>,
 }
 
-struct ConnGuard(Rc<Worker>);
+/// A client connection counted open (`Worker::connection_opened`, at accept): counted closed
+/// when this drops, in whichever task the connection ends.
+pub struct ConnGuard(Rc<Worker>);
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connection_closed();
+    }
+}
+
+impl std::fmt::Debug for ConnGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnGuard")
     }
 }
 
@@ -225,7 +236,7 @@ pub async fn serve_connection(
     tls: Option<Arc<TlsListener>>,
     admitted: Admitted,
 ) {
-    let _guard = ConnGuard(w.clone());
+    let guard = ConnGuard(w.clone());
     let _ = stream.set_nodelay(true);
     let strict_sni = tls.as_ref().is_some_and(|t| t.strict_sni);
     let stream = match tls {
@@ -236,9 +247,11 @@ pub async fn serve_connection(
             match TlsStream::accept(stream, t.config.clone(), t.handshake_timeout).await {
                 Ok(s) if s.alpn() == Some(crate::h2::ALPN_H2) => {
                     add(&w.metrics().tls_handshakes, 1);
-                    // Boxed, like the other protocol switches below: kept out of the
-                    // future of every HTTP/1.1 connection.
-                    Box::pin(serve_h2_tls(w.clone(), s, peer, strict_sni, admitted)).await;
+                    // A task of its own, sized for HTTP/2 (see `serve_h2_tls`).
+                    let w2 = w.clone();
+                    crate::worker::runtime::spawn_large(move || {
+                        serve_h2_tls(w2, s, peer, strict_sni, admitted, guard)
+                    });
                     return;
                 }
                 Ok(s) => {
@@ -253,16 +266,38 @@ pub async fn serve_connection(
             }
         }
     };
-    serve_client(w, stream, Peer::new(peer), strict_sni, Some(admitted)).await;
+    serve_client(
+        w,
+        stream,
+        Peer::new(peer),
+        strict_sni,
+        Some(admitted),
+        Some(guard),
+    )
+    .await;
 }
 
-/// Continues a TLS connection that agreed on HTTP/2 in poll style for the h2 crate.
+/// Serves an h2c connection, counted open while it runs (`guard`).
+async fn serve_h2c(
+    w: Rc<Worker>,
+    io: Box<crate::h2::io::Prefixed>,
+    info: crate::h2::ConnInfo,
+    _guard: Option<ConnGuard>,
+) {
+    crate::h2::serve(w, io, info).await;
+}
+
+/// Continues a TLS connection that agreed on HTTP/2 in poll style for the h2 crate, in a
+/// task of its own: the task of the handshake, whose future is sized for the HTTP/1.1
+/// request path, ends (an idle HTTP/2 connection held both). Counted open while it runs
+/// (`_guard`).
 async fn serve_h2_tls(
     w: Rc<Worker>,
     s: TlsStream,
     peer: SocketAddr,
     strict_sni: bool,
     admitted: Admitted,
+    _guard: ConnGuard,
 ) {
     let sni: Option<Rc<str>> = s.sni().map(Rc::from);
     let Some((tls, tcp, pending)) = s.into_parts() else {
@@ -271,7 +306,7 @@ async fn serve_h2_tls(
     let Ok(poll) = tcp.try_into_poll_io() else {
         return;
     };
-    let io = crate::h2::io::PollTls::new(poll, tls, pending);
+    let io = Box::new(crate::h2::io::PollTls::new(poll, tls, pending));
     let info = crate::h2::ConnInfo {
         peer: Peer::new(peer),
         sni,
@@ -296,6 +331,7 @@ pub fn serve_client(
     client: Peer,
     strict_sni: bool,
     listener: Option<Admitted>,
+    guard: Option<ConnGuard>,
 ) -> impl std::future::Future<Output = ()> {
     let peer = client.addr;
     let mut conn = ClientConn {
@@ -314,6 +350,7 @@ pub fn serve_client(
         aborted: false,
         tunnel: None,
         log: ExchangeLog::default(),
+        guard,
     };
     async move {
         let mut fair = crate::worker::fair::FairShare::default();
@@ -327,6 +364,7 @@ pub fn serve_client(
                         stream,
                         rbuf,
                         listener,
+                        guard,
                         ..
                     } = conn;
                     let (ClientStream::Plain(tcp), Some(rbuf)) = (stream, rbuf) else {
@@ -335,7 +373,9 @@ pub fn serve_client(
                     let Ok(poll) = tcp.try_into_poll_io() else {
                         return;
                     };
-                    let io = crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll);
+                    // The bytes read so far are replayed to h2; the block goes back.
+                    let io = Box::new(crate::h2::io::Prefixed::new(rbuf.data().to_vec(), poll));
+                    drop(rbuf);
                     let info = crate::h2::ConnInfo {
                         peer: client,
                         sni: None,
@@ -343,7 +383,10 @@ pub fn serve_client(
                         strict_sni: false,
                         listener,
                     };
-                    Box::pin(crate::h2::serve(w, io, info)).await;
+                    // A task of its own, sized for HTTP/2: this one's future, sized for the
+                    // HTTP/1.1 request path, is freed as it returns (an idle HTTP/2
+                    // connection held both).
+                    crate::worker::runtime::spawn_large(move || serve_h2c(w, io, info, guard));
                     return;
                 }
                 HeadRead::Rejected(kind) => {
