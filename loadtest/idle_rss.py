@@ -1,11 +1,13 @@
 """Memory per idle keep-alive connection: ringway's RSS growth over N idle connections.
 
-    python3 loadtest/idle_rss.py [--conns 2000] [--binary target/release/ringway]
+    python3 loadtest/idle_rss.py [--conns 2000] [--body BYTES] [--binary target/release/ringway]
 
 Starts the project's origin and ringway (loadtest/ringway.toml), opens N cleartext
 connections that each make one request and then sit idle, and reads ringway's VmRSS; then
 the same with a fresh ringway for each of TLS, h2c (prior knowledge) and HTTP/2 over TLS
-(ALPN h2). Prints the growth per connection in KiB. Build first
+(ALPN h2). Prints the growth per connection in KiB. With --body, each HTTP/1.1 connection's
+request is a POST of that many bytes (what a connection keeps after carrying traffic: the
+pages its buffers were written in). Build first
 (`cargo build --release --bin ringway --example origin`). Everything runs on loopback,
 bounded by N; what it started is stopped and its temporary directory removed.
 """
@@ -27,10 +29,17 @@ ROOT = os.path.dirname(HERE)
 ORIGIN_PORT, PORT = 19500, 19501
 
 
-def h1_request(c):
-    """One HTTP/1.1 request on `c`; returns once its answer's first bytes came."""
-    c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    c.recv(4096)
+def h1_request(body):
+    """A function making one HTTP/1.1 request on a connection (a POST of `body` bytes when
+    not 0), which returns once its answer's first bytes came."""
+    def request(c):
+        if body:
+            c.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % body
+                      + b"x" * body)
+        else:
+            c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        c.recv(4096)
+    return request
 
 
 def recv_exact(c, n):
@@ -83,6 +92,7 @@ def idle_growth(pid, n, connect, request):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--conns", type=int, default=2000)
+    ap.add_argument("--body", type=int, default=0)
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ringway"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ringway-idle-")
@@ -113,9 +123,9 @@ def main():
     # later) for each kind: memory the first kind's connections gave back would be reused by
     # the second's.
     kinds = [
-        ("cleartext", PORT, lambda: socket.create_connection(("127.0.0.1", PORT)), h1_request),
+        ("cleartext", PORT, lambda: socket.create_connection(("127.0.0.1", PORT)), h1_request(args.body)),
         ("TLS", PORT + 10, lambda: ctx.wrap_socket(socket.create_connection(("127.0.0.1", PORT + 11)),
-                                                   server_hostname="localhost"), h1_request),
+                                                   server_hostname="localhost"), h1_request(args.body)),
         ("h2c", PORT + 20, lambda: socket.create_connection(("127.0.0.1", PORT + 20)), h2_request),
         ("h2 TLS", PORT + 30, lambda: ctx_h2.wrap_socket(socket.create_connection(("127.0.0.1", PORT + 31)),
                                                          server_hostname="localhost"), h2_request),
@@ -134,7 +144,8 @@ def main():
             finally:
                 proxy.kill()
                 proxy.wait()
-        print(f"{os.path.basename(args.binary)}: {args.conns} idle keep-alive connections, RSS growth per "
+        after = f" after a {args.body}-byte POST (HTTP/1.1)" if args.body else ""
+        print(f"{os.path.basename(args.binary)}: {args.conns} idle keep-alive connections{after}, RSS growth per "
               f"connection: {', '.join(results)}")
     finally:
         origin.kill()
