@@ -103,6 +103,15 @@ impl std::fmt::Debug for TlsStream {
     }
 }
 
+/// A reader with nothing to read yet.
+struct NothingYet;
+
+impl Read for NothingYet {
+    fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+}
+
 fn invalid(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
@@ -162,6 +171,13 @@ impl TlsReadHalf {
     /// Waits until plaintext can be read, the peer closed, or the connection failed, holding
     /// no buffer of the caller's.
     async fn wait_plain(&mut self) -> io::Result<()> {
+        if self.pos >= self.cipher.len() {
+            // rustls keeps the record buffer a burst grew (up to 18 KiB) until its next
+            // `read_tls`, which first trims it to 4 KiB when it holds no partial record: one
+            // that finds nothing to read (`WouldBlock`, not the end of stream) trims it
+            // before the wait rather than after.
+            let _ = self.tls.borrow_mut().read_tls(&mut NothingYet);
+        }
         loop {
             if self.eof {
                 return Ok(());
