@@ -227,8 +227,8 @@ impl std::fmt::Debug for ConnGuard {
 }
 
 /// Serves one client connection until it closes, after its TLS handshake when `tls` is set.
-/// The worker counted it open at accept (`Worker::connection_opened`); this task counts it
-/// closed when it ends.
+/// The worker counted it open at accept (`Worker::connection_opened`); its [`ConnGuard`]
+/// counts it closed when it ends, in this task or in the one an HTTP/2 connection moves to.
 pub async fn serve_connection(
     w: Rc<Worker>,
     stream: TcpStream,

@@ -293,11 +293,11 @@ impl TlsWriteHalf {
 impl TlsStream {
     /// Waits until a read would return at once (plaintext, the peer's close or an error),
     /// holding no buffer of the caller's: an idle keep-alive connection waits in its TLS
-    /// state's ciphertext buffer only.
+    /// state's ciphertext buffer only. (rustls answers a key update taken meanwhile with the
+    /// next write; a failure's alert is sent here.)
     pub async fn wait_readable(&mut self) -> io::Result<()> {
         let out = self.r.wait_plain().await;
-        // Post-handshake messages (a key update) may want an answer.
-        if self.w.wants_write() {
+        if out.is_err() && self.w.wants_write() {
             let _ = self.w.flush_out().await;
         }
         out
