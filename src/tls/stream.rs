@@ -60,6 +60,9 @@ pub struct TlsReadHalf {
     eof: bool,
     /// The last socket read filled its buffer: more is likely waiting.
     burst: bool,
+    /// Ciphertext read since rustls's record buffer was last trimmed (see
+    /// [`TlsReadHalf::wait_plain`]).
+    fed: usize,
 }
 
 /// The write side: plaintext in, ciphertext out.
@@ -153,6 +156,7 @@ impl TlsReadHalf {
             self.pos = 0;
             let n = res?;
             self.burst = n == spare;
+            self.fed = self.fed.saturating_add(n);
             if n == 0 {
                 self.eof = true;
                 let mut tls = self.tls.borrow_mut();
@@ -171,12 +175,14 @@ impl TlsReadHalf {
     /// Waits until plaintext can be read, the peer closed, or the connection failed, holding
     /// no buffer of the caller's.
     async fn wait_plain(&mut self) -> io::Result<()> {
-        if self.pos >= self.cipher.len() {
+        if self.fed > CIPHER_READ_SMALL && self.pos >= self.cipher.len() {
             // rustls keeps the record buffer a burst grew (up to 18 KiB) until its next
             // `read_tls`, which first trims it to 4 KiB when it holds no partial record: one
             // that finds nothing to read (`WouldBlock`, not the end of stream) trims it
-            // before the wait rather than after.
+            // before the wait rather than after. (It grows by 4 KiB reads, so only past
+            // 4 KiB fed since the last trim.)
             let _ = self.tls.borrow_mut().read_tls(&mut NothingYet);
+            self.fed = 0;
         }
         loop {
             if self.eof {
@@ -340,6 +346,7 @@ impl TlsStream {
                 pos: 0,
                 eof: false,
                 burst: false,
+                fed: 0,
             },
             w: TlsWriteHalf {
                 tls,
