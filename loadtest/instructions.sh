@@ -8,7 +8,8 @@
 # A TARGET is a ringway binary, or `nginx` or `haproxy` (one process with one worker thread
 # each; the essentials of the timed run's configs: upstream keep-alive, no access log). For
 # each target and each mode (HTTP/1.1 keep-alive GET /, 16 connections; h2c GET /, 16
-# connections x 10 streams) it starts the project's origin and the target under callgrind
+# connections x 10 streams; https, asked for with --modes: HTTP/1.1 keep-alive GET / over TLS,
+# 16 connections, the same certificate for every target) it starts the project's origin and the target under callgrind
 # (ringway on the epoll driver: valgrind does not follow io_uring), warms up with 2,000
 # requests, then counts the user-space instructions of the next N (default 20,000) and prints
 # them per request, with the share spent in memcpy/memmove. Kernel time is not counted.
@@ -75,7 +76,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ringway_config "$PORT" "$ORIGIN_PORT" >"$WORK/ringway.toml"
+TLS_PORT=$((PORT + 2))
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=localhost -addext subjectAltName=DNS:localhost \
+    -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/both.pem"
+{
+    ringway_config "$PORT" "$ORIGIN_PORT"
+    printf '\n[[listeners]]\naddress = "127.0.0.1:%s"\n[listeners.tls]\ncert = "%s"\nkey = "%s"\nstrict_sni = false\n' \
+        "$TLS_PORT" "$WORK/cert.pem" "$WORK/key.pem"
+} >"$WORK/ringway.toml"
 
 # One process each, in the foreground: callgrind counts the process it started.
 cat >"$WORK/nginx.conf" <<EOF
@@ -99,6 +109,12 @@ http {
     listen 127.0.0.1:$((PORT + 1)) http2;
     location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
   }
+  server {
+    listen 127.0.0.1:$TLS_PORT ssl;
+    ssl_certificate $WORK/cert.pem;
+    ssl_certificate_key $WORK/key.pem;
+    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
 }
 EOF
 cat >"$WORK/haproxy.cfg" <<EOF
@@ -115,6 +131,7 @@ defaults
 frontend f
   bind 127.0.0.1:$PORT
   bind 127.0.0.1:$((PORT + 1)) proto h2
+  bind 127.0.0.1:$TLS_PORT ssl crt $WORK/both.pem alpn http/1.1
   default_backend b
 backend b
   server origin 127.0.0.1:$ORIGIN_PORT
@@ -131,6 +148,7 @@ load() { # mode count port
         h1) h2load -t1 -c16 --h1 -n "$2" "http://127.0.0.1:$3/" ;;
         h2c) h2load -t1 -c16 -m10 -n "$2" "http://127.0.0.1:$3/" ;;
         h2c64) h2load -t1 -c64 -m10 -n "$2" "http://127.0.0.1:$3/" ;;
+        https) h2load -t1 -c16 --h1 -n "$2" "https://127.0.0.1:$3/" ;;
     esac
 }
 
@@ -152,6 +170,7 @@ for bin in "$@"; do
         # a port of their own.
         port=$PORT
         case $bin in nginx | haproxy) [ "$mode" != h1 ] && port=$((PORT + 1)) ;; esac
+        [ "$mode" = https ] && port=$TLS_PORT
         MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
             "${sim[@]}" --callgrind-out-file="$WORK/cg.%p" "${cmd[@]}" \
             >/dev/null 2>"$WORK/valgrind.log" &
