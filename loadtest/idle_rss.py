@@ -1,13 +1,15 @@
 """Memory per idle keep-alive connection: ringway's RSS growth over N idle connections.
 
-    python3 loadtest/idle_rss.py [--conns 2000] [--body BYTES] [--binary target/release/ringway]
+    python3 loadtest/idle_rss.py [--conns 2000] [--body BYTES] [--http 'KEY = VALUE']
+                                 [--binary target/release/ringway]
 
 Starts the project's origin and ringway (loadtest/ringway.toml), opens N cleartext
 connections that each make one request and then sit idle, and reads ringway's VmRSS; then
 the same with a fresh ringway for each of TLS, h2c (prior knowledge) and HTTP/2 over TLS
 (ALPN h2). Prints the growth per connection in KiB. With --body, each HTTP/1.1 connection's
 request is a POST of that many bytes (what a connection keeps after carrying traffic: the
-pages its buffers were written in). Build first
+pages its buffers were written in). --http adds a line to ringway's [http] table (say
+'idle_buffer_release = "1s"'; the script then waits 3.5 s before it reads the RSS, for the block pools to free what they do not keep). Build first
 (`cargo build --release --bin ringway --example origin`). Everything runs on loopback,
 bounded by N; what it started is stopped and its temporary directory removed.
 """
@@ -71,7 +73,7 @@ def h2_request(c):
             return
 
 
-def idle_growth(pid, n, connect, request):
+def idle_growth(pid, n, connect, request, settle):
     """RSS growth per connection (KiB) over `n` connections made by `connect`, each idle
     after one `request`."""
     before = rss_kib(pid)
@@ -81,7 +83,7 @@ def idle_growth(pid, n, connect, request):
             c = connect()
             request(c)
             conns.append(c)
-        time.sleep(0.5)
+        time.sleep(settle)
         return (rss_kib(pid) - before) / n
     finally:
         for c in conns:
@@ -93,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--conns", type=int, default=2000)
     ap.add_argument("--body", type=int, default=0)
+    ap.add_argument("--http", default="", help="a line added to ringway's [http] table")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ringway"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ringway-idle-")
@@ -104,7 +107,8 @@ def main():
         """A config on `port` (cleartext) and `port + 1` (TLS)."""
         with open(os.path.join(HERE, "ringway.toml")) as f:
             conf = (f.read().replace("{PORT}", str(port)).replace("{TLS_PORT}", str(port + 1))
-                    .replace("{ORIGIN}", f"127.0.0.1:{ORIGIN_PORT}").replace("{CPU}", "1").replace("{WORK}", work))
+                    .replace("{ORIGIN}", f"127.0.0.1:{ORIGIN_PORT}").replace("{CPU}", "1").replace("{WORK}", work)
+                    .replace("[http]\n", f"[http]\n{args.http}\n"))
         path = os.path.join(work, f"ringway-{port}.toml")
         with open(path, "w") as f:
             f.write(conf)
@@ -140,7 +144,7 @@ def main():
                 if not (wait_port(ORIGIN_PORT) and wait_port(port) and wait_port(port + 1)):
                     sys.exit(f"ringway or the origin did not start; see {work}/{name}.log")
                 time.sleep(0.5)  # the workers take over the bound sockets
-                results.append(f"{name} {idle_growth(proxy.pid, args.conns, connect, request):.1f} KiB")
+                results.append(f"{name} {idle_growth(proxy.pid, args.conns, connect, request, 3.5 if args.http else 0.5):.1f} KiB")
             finally:
                 proxy.kill()
                 proxy.wait()
