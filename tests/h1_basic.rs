@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::thread;
 use std::time::Duration;
 
 use support::*;
@@ -753,4 +754,80 @@ fn a_client_pipelining_without_pause_does_not_hold_the_worker_from_others() {
         slowest < Duration::from_millis(300),
         "a request waited {slowest:?}"
     );
+}
+
+/// Bytes of head blocks in use and idle in the pools, on every worker, as of their last
+/// second.
+fn head_blocks(addr: std::net::SocketAddr) -> (f64, f64) {
+    let m = metrics(addr);
+    let get = |state: &str| {
+        m.get(&format!(
+            "ringway_buffer_bytes{{pool=\"head\",state=\"{state}\"}}"
+        ))
+        .copied()
+        .expect("the head pool's gauge")
+    };
+    (get("in_use"), get("idle"))
+}
+
+#[test]
+fn idle_keep_alive_connections_give_their_head_blocks_back_when_asked() {
+    const CONNS: usize = 24;
+    let origin = Origin::start(|req| Reply::text(200, &req.target));
+    for release in ["50ms", "off"] {
+        let proxy = Proxy::to(
+            origin.addr,
+            &format!("[http]\nidle_buffer_release = \"{release}\"\n"),
+        );
+        let mut conns: Vec<Client> = (0..CONNS).map(|_| proxy.connect()).collect();
+        for c in &mut conns {
+            assert_eq!(c.get("/first").text(), "/first");
+        }
+        // Each head block is at least 16 KiB: the idle connections' blocks show as in use,
+        // or as idle in the pool. (The gauges are set once a second; they read 0 before.)
+        let held = (CONNS * 16 * 1024) as f64;
+        let mut blocks = (0.0, 0.0);
+        let settled = wait_until(Duration::from_secs(5), || {
+            blocks = head_blocks(proxy.addr);
+            blocks.0 >= held || blocks.1 >= held
+        });
+        assert!(settled, "{blocks:?}");
+        if release == "off" {
+            assert!(
+                blocks.0 >= held,
+                "every idle connection holds its block: {blocks:?}"
+            );
+        } else {
+            assert!(
+                blocks.0 < held / 4.0,
+                "idle connections hold their blocks: {blocks:?}"
+            );
+        }
+        // They serve what comes after, a head sent whole or in pieces.
+        for (i, c) in conns.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                assert_eq!(c.get("/second").text(), "/second");
+            } else {
+                c.send(b"GET /sec");
+                thread::sleep(Duration::from_millis(20));
+                c.send(b"ond HTTP/1.1\r\nHost: test\r\n\r\n");
+                let r = c.read_response(false).expect("a response");
+                assert_eq!(r.text(), "/second");
+            }
+        }
+    }
+}
+
+#[test]
+fn requests_that_come_as_an_idle_read_is_cancelled_are_served_whole() {
+    // Pauses around the release time: some requests arrive just as the read waiting for them
+    // is cancelled, and a read the kernel completed meanwhile must keep its bytes.
+    let origin = Origin::start(|req| Reply::text(200, &req.target));
+    let proxy = Proxy::to(origin.addr, "[http]\nidle_buffer_release = \"20ms\"\n");
+    let mut c = proxy.connect();
+    for i in 0..120u64 {
+        thread::sleep(Duration::from_micros(17_000 + (i * 797) % 6_000));
+        let path = format!("/r{i}");
+        assert_eq!(c.get(&path).text(), path);
+    }
 }

@@ -97,6 +97,7 @@ pub(crate) struct RawHttp {
     pub(crate) tunnel_idle_timeout: Option<Spanned<String>>,
     pub(crate) buffer_pool_bytes: Option<Spanned<i64>>,
     pub(crate) client_close_check: Option<Spanned<String>>,
+    pub(crate) idle_buffer_release: Option<Spanned<String>>,
     pub(crate) reserved_paths: Option<bool>,
 }
 

@@ -646,6 +646,11 @@ fn compile_http(ctx: &Ctx<'_>, raw: &RawConfig) -> Result<HttpConfig, ConfigErro
             Some(_) => Some(ctx.duration(&h.client_close_check, Duration::ZERO)?),
             None => d.client_close_check,
         },
+        idle_buffer_release: match &h.idle_buffer_release {
+            Some(v) if v.get_ref() == "off" => None,
+            Some(_) => Some(ctx.duration(&h.idle_buffer_release, Duration::ZERO)?),
+            None => d.idle_buffer_release,
+        },
         reserved_paths: h.reserved_paths.unwrap_or(d.reserved_paths),
     })
 }
@@ -2217,18 +2222,29 @@ mod tests {
     }
 
     #[test]
-    fn the_client_close_check_is_a_duration_or_off() {
-        let check = |v: &str| {
-            compile(&format!("{MIN}[http]\n{v}"), "t.toml").map(|g| g.http.client_close_check)
-        };
-        assert_eq!(check("").unwrap(), Some(Duration::from_secs(1)));
-        assert_eq!(
-            check("client_close_check = \"250ms\"\n").unwrap(),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(check("client_close_check = \"off\"\n").unwrap(), None);
-        assert!(check("client_close_check = \"0s\"\n").is_err());
-        assert!(check("client_close_check = \"never\"\n").is_err());
+    fn the_client_close_check_and_the_idle_buffer_release_are_durations_or_off() {
+        type Key = fn(&crate::config::HttpConfig) -> Option<Duration>;
+        let keys: [(&str, Key, Option<Duration>); 2] = [
+            (
+                "client_close_check",
+                |h| h.client_close_check,
+                Some(Duration::from_secs(1)),
+            ),
+            ("idle_buffer_release", |h| h.idle_buffer_release, None),
+        ];
+        for (key, get, default) in keys {
+            let check =
+                |v: &str| compile(&format!("{MIN}[http]\n{v}"), "t.toml").map(|g| get(&g.http));
+            assert_eq!(check("").unwrap(), default, "{key}");
+            assert_eq!(
+                check(&format!("{key} = \"250ms\"\n")).unwrap(),
+                Some(Duration::from_millis(250)),
+                "{key}"
+            );
+            assert_eq!(check(&format!("{key} = \"off\"\n")).unwrap(), None, "{key}");
+            assert!(check(&format!("{key} = \"0s\"\n")).is_err(), "{key}");
+            assert!(check(&format!("{key} = \"never\"\n")).is_err(), "{key}");
+        }
     }
 
     #[test]

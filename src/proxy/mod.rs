@@ -41,7 +41,7 @@ use crate::tls::{TlsListener, TlsStream};
 use crate::worker::deadline;
 use crate::worker::event::or_event;
 use crate::worker::{Admitted, CoreGen, Worker};
-use io::read_by;
+use io::{read_by, IdleWait};
 
 /// Largest request body read and thrown away to keep a connection open after a local
 /// response; a larger one closes the connection instead.
@@ -84,6 +84,8 @@ pub struct ClientConn {
     listener: Option<Admitted>,
     /// What the access log says of the exchange in progress.
     log: ExchangeLog,
+    /// Cancels an idle wait's read to give its block back (`http.idle_buffer_release`).
+    idle_cancel: io::IdleCancel,
     /// Counts the connection closed when it drops (last: after the socket closed). `None`
     /// for an HTTP/2 stream.
     guard: Option<ConnGuard>,
@@ -350,6 +352,7 @@ pub fn serve_client(
         aborted: false,
         tunnel: None,
         log: ExchangeLog::default(),
+        idle_cancel: io::IdleCancel::default(),
         guard,
     };
     async move {
@@ -547,7 +550,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
             ack.before_wait(conn.stream.socket_fd());
         }
         let idle_timeout = http.idle_timeout;
-        let header_timeout = http.header_timeout;
+        let (header_timeout, idle_release) = (http.header_timeout, http.idle_buffer_release);
         drop(cg);
         let (res, buf) = match head_deadline {
             Some(deadline) => pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)).await,
@@ -568,10 +571,7 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                     // its next plaintext inside its TLS state: the socket read fills the
                     // ciphertext buffer it keeps anyway, so this costs no operation more,
                     // and idle TLS connections hold no head block each. (A cleartext one
-                    // could wait without a block only by a readiness wait before each read,
-                    // one more ring operation per request; or by cancelling its read after a
-                    // while, and monoio's canceller cost 5% of a keep-alive request's
-                    // instructions, measured with `loadtest/instructions.sh`.)
+                    // can only cancel its read after a while, at a cost: below.)
                     drop(rbuf);
                     let readable = pin!(tls.wait_readable());
                     match or_event(retire, deadline::within(deadline, readable)).await {
@@ -584,15 +584,31 @@ async fn read_head(w: &Worker, conn: &mut ClientConn, first: bool) -> HeadRead {
                         _ => return HeadRead::Closed,
                     }
                 }
-                // Pinned here: `or_event` would move a future given by value.
-                match or_event(
-                    retire,
-                    pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)),
-                )
-                .await
-                {
-                    Some(r) => r,
-                    None => return HeadRead::Closed,
+                let release = idle_release.map(|d| w.now() + d).filter(|r| *r < deadline);
+                if let (ClientStream::Plain(tcp), Some(release)) = (&mut conn.stream, release) {
+                    let wait =
+                        io::release_idle(tcp, rbuf, release, deadline, &mut conn.idle_cancel);
+                    match or_event(retire, pin!(wait)).await {
+                        Some(IdleWait::Read(res, buf)) => (res, buf),
+                        Some(IdleWait::Ready) => {
+                            // Bytes came: a block for them, and the head's time starts.
+                            conn.rbuf = Some(w.pool.take());
+                            head_deadline = Some(w.now() + header_timeout);
+                            continue;
+                        }
+                        Some(IdleWait::Over) | None => return HeadRead::Closed,
+                    }
+                } else {
+                    // Pinned here: `or_event` would move a future given by value.
+                    match or_event(
+                        retire,
+                        pin!(read_by(&mut conn.stream, rbuf, deadline, &w.pool)),
+                    )
+                    .await
+                    {
+                        Some(r) => r,
+                        None => return HeadRead::Closed,
+                    }
                 }
             }
         };
