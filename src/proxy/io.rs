@@ -87,9 +87,11 @@ pub async fn release_idle(
         if let Some(c) = cancel.0.take() {
             cancel.0 = Some(c.cancel());
         }
-        match read.await {
-            (Err(e), buf) if e.raw_os_error() == Some(libc::ECANCELED) => drop(buf),
-            (res, buf) => return IdleWait::Read(res, buf),
+        // (Bounded too: a cancel the ring could not take leaves the read waiting for bytes.)
+        match within(deadline, read.as_mut()).await {
+            Some((Err(e), buf)) if e.raw_os_error() == Some(libc::ECANCELED) => drop(buf),
+            Some((res, buf)) => return IdleWait::Read(res, buf),
+            None => return IdleWait::Over,
         }
     }
     match within(deadline, pin!(tcp.readable(false))).await {
